@@ -1,0 +1,285 @@
+"""The narrow API between an agent and its app's own scheduler (paper Figure 8).
+
+Figure 8 has ``JobInfo(itersRemaining, avgTimePerIter, localitySensitivity)``, and per kind of app:
+successive halving answers ``getJobsInPhase(phase, gpuAlloc)`` and ``getNumPhases()``; performance
+curve stopping answers ``getJobsRemaining(gpuAlloc)``. Those are the two base classes below, plus
+what Eq. 1/2 need for T_id: the app's budget B (GPU-seconds), its maximum demand, its start time.
+
+Concrete schedulers here are the small reference ones the paper's example and the round engine's
+tests need; real tuners (Hyperband, Optuna, curve fitting) live in ``hyperparam_adapters/``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from agent.placement import NO_SLOWDOWN, Position, Slowdown
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """Figure 8's JobInfo. ``slowdown`` is the job's locality sensitivity, S by D1 level."""
+
+    iters_remaining: float
+    iter_time_serial: float
+    slowdown: Slowdown = NO_SLOWDOWN
+    demand_max: int = 1
+    job_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.iters_remaining >= 0 and math.isfinite(self.iters_remaining)):
+            raise ValueError(f"job {self.job_id!r}: iters_remaining must be finite and >= 0")
+        if not (self.iter_time_serial > 0 and math.isfinite(self.iter_time_serial)):
+            raise ValueError(f"job {self.job_id!r}: iter_time_serial must be finite and > 0")
+        if self.demand_max < 1:
+            raise ValueError(f"job {self.job_id!r}: demand_max must be >= 1")
+
+
+class AppScheduler(ABC):
+    """What every app scheduler tells its agent, whatever its kind."""
+
+    #: when the app arrived (T_start of Eq. 1), on the caller's clock
+    start_time: float
+
+    @abstractmethod
+    def budget(self) -> float:
+        """B: the app's total work in GPU-seconds at S = 1 (Eq. 2's T_cluster numerator)."""
+
+    @abstractmethod
+    def demand_max(self) -> int:
+        """app_demand_max: the most GPUs the app can use at once."""
+
+    @abstractmethod
+    def demand_now(self) -> int:
+        """How many GPUs the app could use right now (0 when it is done)."""
+
+    def finished(self) -> bool:
+        return self.demand_now() == 0
+
+
+class SuccessiveHalvingScheduler(AppScheduler):
+    """Figure 8, successive halving: phases of shrinking job sets (D3)."""
+
+    @abstractmethod
+    def num_phases(self) -> int: ...
+
+    @abstractmethod
+    def current_phase(self) -> int:
+        """1-based index of the phase that runs now; ``num_phases() + 1`` when done."""
+
+    @abstractmethod
+    def jobs_in_phase(self, phase: int, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        """Jobs of ``phase`` with what remains of them; future phases use estimates (D3)."""
+
+
+class CurveStoppingScheduler(AppScheduler):
+    """Figure 8, performance-curve stopping: the running jobs and their predicted ends (D4)."""
+
+    @abstractmethod
+    def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]: ...
+
+
+@dataclass
+class SingleJobApp(CurveStoppingScheduler):
+    """One training job of known length: Eq. 1 (D2) is D4 with one job whose end is known."""
+
+    job: JobInfo
+    start_time: float = 0.0
+    iters_total: float = field(init=False)
+
+    def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        return [self.job] if self.job.iters_remaining > 0 else []
+
+    def budget(self) -> float:
+        return self.iters_total * self.job.iter_time_serial
+
+    def __post_init__(self) -> None:
+        self.iters_total = self.job.iters_remaining
+
+    def demand_max(self) -> int:
+        return self.job.demand_max
+
+    def demand_now(self) -> int:
+        return self.job.demand_max if self.job.iters_remaining > 0 else 0
+
+    def advance(self, iterations: float) -> None:
+        """Record progress (the simulator and the launcher call this)."""
+        left = max(0.0, self.job.iters_remaining - iterations)
+        self.job = replace(self.job, iters_remaining=left)
+
+
+@dataclass
+class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
+    """A successive-halving app as in paper 4.3.2/4.3.3.
+
+    ``iter_times`` are the serial iteration times of the first phase's jobs; phase i runs
+    ``len(iter_times) / 2**(i-1)`` jobs for ``iterations[i-1]`` iterations each. The jobs that
+    survive a phase are chosen by :meth:`end_phase`; before that, future phases are estimated with
+    the median iteration time of the current phase's jobs (D3). Each job of phase i may use
+    ``job_demand_max`` GPUs.
+    """
+
+    iter_times: Sequence[float]
+    iterations: Sequence[float]
+    job_demand_max: int = 1
+    slowdown: Slowdown = NO_SLOWDOWN
+    start_time: float = 0.0
+    app_demand: int | None = None
+    budget_gpu_seconds: float | None = None
+    phase: int = 1
+    _running: dict[str, float] = field(default_factory=dict)  # job id -> iterations left
+    _times: dict[str, float] = field(default_factory=dict)  # job id -> serial iteration time
+
+    def __post_init__(self) -> None:
+        n = len(self.iter_times)
+        if n < 1:
+            raise ValueError("a successive-halving app needs at least one job")
+        if len(self.iterations) < 1:
+            raise ValueError("a successive-halving app needs at least one phase")
+        if n < 2 ** (len(self.iterations) - 1):
+            raise ValueError(f"{n} jobs cannot be halved over {len(self.iterations)} phases")
+        if any(not (t > 0 and math.isfinite(t)) for t in self.iter_times):
+            raise ValueError("iteration times must be finite and > 0")
+        if any(not (i > 0 and math.isfinite(i)) for i in self.iterations):
+            raise ValueError("iterations per phase must be finite and > 0")
+        if not self._running:
+            self._times = {f"job{k}": float(t) for k, t in enumerate(self.iter_times)}
+            self._running = {j: float(self.iterations[0]) for j in self._times}
+
+    def num_phases(self) -> int:
+        return len(self.iterations)
+
+    def current_phase(self) -> int:
+        return self.phase
+
+    def jobs_in_phase(self, phase: int, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        if phase < self.phase or phase > self.num_phases():
+            return []
+        if phase == self.phase:
+            return [
+                JobInfo(left, self._times[j], self.slowdown, self.job_demand_max, j)
+                for j, left in self._running.items()
+                if left > 0
+            ]
+        median = statistics.median(self._times[j] for j in self._running)
+        count = max(1, len(self.iter_times) // 2 ** (phase - 1))
+        return [
+            JobInfo(float(self.iterations[phase - 1]), median, self.slowdown, self.job_demand_max, f"p{phase}-{k}")
+            for k in range(count)
+        ]
+
+    def budget(self) -> float:
+        """B: the given budget, else the planned work at median speed (paper 4.3.3 uses 10,000)."""
+        if self.budget_gpu_seconds is not None:
+            return self.budget_gpu_seconds
+        med = statistics.median(self.iter_times)
+        total = 0.0
+        for i, iters in enumerate(self.iterations):
+            total += max(1, len(self.iter_times) // 2**i) * iters * med
+        return total
+
+    def demand_max(self) -> int:
+        if self.app_demand is not None:
+            return self.app_demand
+        return max(
+            max(1, len(self.iter_times) // 2**i) * self.job_demand_max for i in range(self.num_phases())
+        )
+
+    def demand_now(self) -> int:
+        if self.phase > self.num_phases():
+            return 0
+        live = sum(1 for left in self._running.values() if left > 0)
+        return live * self.job_demand_max
+
+    def advance(self, job_id: str, iterations: float) -> None:
+        self._running[job_id] = max(0.0, self._running[job_id] - iterations)
+
+    def end_phase(self, survivors: Sequence[str]) -> None:
+        """Close the current phase, keeping ``survivors`` (the better half) for the next one."""
+        if self.phase > self.num_phases():
+            raise ValueError("the app has already finished")
+        self.phase += 1
+        if self.phase > self.num_phases():
+            self._running = {}
+            return
+        unknown = [j for j in survivors if j not in self._times]
+        if unknown:
+            raise ValueError(f"unknown jobs {unknown}")
+        self._running = {j: float(self.iterations[self.phase - 1]) for j in survivors}
+
+
+@dataclass
+class CurveJob:
+    """One job of a curve-stopping app: its speed, its cap, and the losses it reported."""
+
+    job_id: str
+    iter_time_serial: float
+    max_iterations: float
+    demand_max: int = 1
+    done: float = 0.0
+    stopped: bool = False
+    iterations_seen: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class CurveStoppingApp(CurveStoppingScheduler):
+    """A performance-curve-stopping app (paper 4.3.2, D4).
+
+    Each running job's end is predicted from its loss curve (``agent.curves``); rho uses the
+    pessimistic end. A job stops when it reaches its predicted stop or its iteration cap.
+    """
+
+    jobs: Sequence[CurveJob]
+    tolerance: float = 1e-3
+    slowdown: Slowdown = NO_SLOWDOWN
+    start_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.jobs:
+            raise ValueError("a curve-stopping app needs at least one job")
+        ids = [j.job_id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"job ids must be unique, got {ids}")
+        self._by_id = {j.job_id: j for j in self.jobs}
+
+    def _end(self, job: CurveJob) -> float:
+        from agent.curves import predict_stop
+
+        return predict_stop(
+            job.iterations_seen, job.losses, tolerance=self.tolerance, max_iterations=job.max_iterations
+        ).pessimistic
+
+    def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        out = []
+        for job in self.jobs:
+            if job.stopped:
+                continue
+            left = max(0.0, self._end(job) - job.done)
+            if left > 0:
+                out.append(JobInfo(left, job.iter_time_serial, self.slowdown, job.demand_max, job.job_id))
+        return out
+
+    def budget(self) -> float:
+        return sum(
+            (job.done if job.stopped else max(job.done, self._end(job))) * job.iter_time_serial for job in self.jobs
+        )
+
+    def demand_max(self) -> int:
+        return sum(j.demand_max for j in self.jobs)
+
+    def demand_now(self) -> int:
+        return sum(j.demand_max for j in self.jobs if not j.stopped)
+
+    def report(self, job_id: str, iteration: float, loss: float) -> None:
+        """A job's progress and loss (from the profiler); stops it when its curve says so."""
+        job = self._by_id[job_id]
+        job.done = max(job.done, iteration)
+        job.iterations_seen.append(iteration)
+        job.losses.append(loss)
+        if job.done >= min(job.max_iterations, self._end(job)):
+            job.stopped = True

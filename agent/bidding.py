@@ -1,0 +1,162 @@
+"""Offer -> bid table (paper 4.2.2 step 3, 4.3; mechanism D7).
+
+The paper's agents compute rho for "all possible subsets" of the offer; that is 2^n rows. We build
+the rows an app would actually want instead. For each useful GPU count k up to the app's remaining
+demand and for each locality level (D1) we take the best-placed k GPUs inside each container of
+that level -- one slot, one machine, one rack, the whole offer -- filling the fullest slots (then
+machines, then racks) first, so every candidate has the best locality its container allows.
+
+Rows with the same shape (``agent.placement.canonical_shape`` of held + won GPUs) have the same rho,
+so rho is computed once per shape. Of the same-count, same-level candidates we keep up to
+``alternatives`` in distinct containers -- those next to GPUs the app already holds first, then the
+tightest fit (least fragmentation) -- so that the auction can give two apps two different machines.
+Rows no better than ``rho_old`` are dropped: the auction could never pick them.
+
+Size bound: counts are 1..min(remaining demand, offered) when that is at most 16, else 1..8 and
+then every power of two and 1.5 times a power of two, plus the full remaining demand (at most 18
+counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
+of the slot, machine and rack levels plus one spread row: with the default 2, at most 7 rows per
+count, 112 rows for a demand of 16 and 126 for any demand up to 256.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from agent.appsched import AppScheduler
+from agent.fairness import finish_time_fairness
+from agent.placement import Position, canonical_shape
+from protos.messages import BidTable, Offer
+
+DEFAULT_ALTERNATIVES = 2
+
+
+def useful_counts(remaining: int) -> list[int]:
+    """GPU counts worth a row (see the module docstring for the bound)."""
+    if remaining <= 16:
+        return list(range(1, remaining + 1))
+    counts = set(range(1, 9))
+    p = 8
+    while p <= remaining:
+        counts.update(c for c in (p, p + p // 2) if c <= remaining)
+        p *= 2
+    counts.add(remaining)
+    return sorted(counts)
+
+
+def _take(groups: Sequence[list[str]], k: int) -> list[str]:
+    """k GPUs from ``groups`` (lists of GPU ids), biggest groups first."""
+    out: list[str] = []
+    for g in sorted(groups, key=len, reverse=True):
+        out.extend(g[: k - len(out)])
+        if len(out) == k:
+            break
+    return out
+
+
+class _OfferShape:
+    """The offer's free GPUs grouped by slot, machine and rack, with picking helpers."""
+
+    def __init__(self, gpus: Mapping[str, Position]):
+        self.slots: dict[tuple[str, str, str], list[str]] = {}
+        for gid in sorted(gpus):
+            self.slots.setdefault(gpus[gid], []).append(gid)
+        self.machines: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        for slot in self.slots:
+            self.machines.setdefault(slot[:2], []).append(slot)
+        self.racks: dict[str, list[tuple[str, str]]] = {}
+        for machine in self.machines:
+            self.racks.setdefault(machine[0], []).append(machine)
+        self.machine_free = {m: sum(len(self.slots[s]) for s in ss) for m, ss in self.machines.items()}
+        self.rack_free = {r: sum(self.machine_free[m] for m in ms) for r, ms in self.racks.items()}
+
+    def pick_machine(self, machine: tuple[str, str], k: int) -> list[str]:
+        return _take([self.slots[s] for s in self.machines[machine]], k)
+
+    def pick_rack(self, rack: str, k: int) -> list[str]:
+        out: list[str] = []
+        for m in sorted(self.racks[rack], key=lambda m: -self.machine_free[m]):
+            out.extend(self.pick_machine(m, min(k - len(out), self.machine_free[m])))
+            if len(out) == k:
+                break
+        return out
+
+    def pick_spread(self, k: int) -> list[str]:
+        out: list[str] = []
+        for r in sorted(self.racks, key=lambda r: -self.rack_free[r]):
+            out.extend(self.pick_rack(r, min(k - len(out), self.rack_free[r])))
+            if len(out) == k:
+                break
+        return out
+
+
+def _ranked(containers: Mapping, need: int, near: set, key_of) -> list:
+    """Containers with room for ``need``: those next to held GPUs first, then tightest fit."""
+    fits = [c for c, free in containers.items() if free >= need]
+    return sorted(fits, key=lambda c: (key_of(c) not in near, containers[c], c))
+
+
+def candidate_sets(
+    offer_gpus: Mapping[str, Position],
+    held: Mapping[str, Position],
+    counts: Sequence[int],
+    alternatives: int = DEFAULT_ALTERNATIVES,
+) -> list[frozenset[str]]:
+    """The GPU subsets worth bidding on, best locality first within each container (D1, D7)."""
+    shape = _OfferShape(offer_gpus)
+    near_machines = {p[:2] for p in held.values()}
+    near_racks = {p[0] for p in held.values()}
+    slot_free = {s: len(g) for s, g in shape.slots.items()}
+    seen: set[frozenset[str]] = set()
+    out: list[frozenset[str]] = []
+
+    def add(gids: list[str]) -> None:
+        fs = frozenset(gids)
+        if fs not in seen:
+            seen.add(fs)
+            out.append(fs)
+
+    total = len(offer_gpus)
+    for k in counts:
+        if k > total:
+            break
+        for s in _ranked(slot_free, k, near_machines, lambda s: s[:2])[:alternatives]:
+            add(shape.slots[s][:k])
+        for m in _ranked(shape.machine_free, k, near_machines, lambda m: m)[:alternatives]:
+            add(shape.pick_machine(m, k))
+        for r in _ranked(shape.rack_free, k, near_racks, lambda r: r)[:alternatives]:
+            add(shape.pick_rack(r, k))
+        add(shape.pick_spread(k))
+    return out
+
+
+def make_bid(
+    app: AppScheduler,
+    offer: Offer,
+    held: Mapping[str, Position] | None = None,
+    *,
+    alternatives: int = DEFAULT_ALTERNATIVES,
+) -> BidTable:
+    """The app's bid table for ``offer`` (D7): rho_old plus one row per useful candidate subset."""
+    held = dict(offer.held if held is None else held)
+    held_positions = list(held.values())
+    cache: dict = {}
+
+    def rho(positions: list[Position]) -> float:
+        key = canonical_shape(positions)
+        if key not in cache:
+            cache[key] = finish_time_fairness(
+                app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size
+            )
+        return cache[key]
+
+    rho_old = rho(held_positions)
+    remaining = app.demand_now() - len(held)
+    if remaining <= 0 or not offer.gpus:
+        return BidTable(rho_old, ())
+    rows: list[tuple[frozenset[str], float]] = []
+    for gids in candidate_sets(offer.gpus, held, useful_counts(min(remaining, len(offer.gpus))), alternatives):
+        value = rho(held_positions + [offer.gpus[g] for g in gids])
+        if value < rho_old:
+            rows.append((gids, value))
+    return BidTable(rho_old, tuple(rows))

@@ -1,0 +1,176 @@
+"""Finish-time fairness rho = T_sh / T_id (paper 3.2; Eq. 1 and Eq. 2; mechanism D2-D5).
+
+Everything is a pure function of the app scheduler's answers (Figure 8), the allocation G the app
+would hold (GPUs it keeps plus GPUs it wins, assumed to last until it finishes), the time ``now``
+and N_avg, which the arbiter sends (D5). No clocks are read here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from agent.appsched import (
+    AppScheduler,
+    CurveStoppingScheduler,
+    JobInfo,
+    SuccessiveHalvingScheduler,
+)
+from agent.placement import Position, slowdown_of
+
+INFINITY = math.inf
+_EXACT_PACKING_JOBS = 10
+
+
+def job_time(job: JobInfo, gpus: Sequence[Position]) -> float:
+    """Eq. 1: iters_left * iter_time(G), iter_time = serial * S(G) / min(|G|, demand_max)."""
+    if job.iters_remaining <= 0:
+        return 0.0
+    if not gpus:
+        return INFINITY
+    return job.iters_remaining * job.iter_time_serial * slowdown_of(job.slowdown, gpus) / min(
+        len(gpus), job.demand_max
+    )
+
+
+def _split_counts(jobs: Sequence[JobInfo], n_gpus: int) -> list[int]:
+    """GPU counts per job when there are at least as many GPUs as jobs (D3).
+
+    The phase's GPUs are split evenly (the paper's 4.3.3 example: 16 GPUs, 4 jobs -> 4 each), each
+    job capped at its demand_max; the remainder of an uneven split goes one GPU each to the jobs
+    that would otherwise finish last.
+    """
+    base = n_gpus // len(jobs)
+    counts = [min(base, j.demand_max) for j in jobs]
+    spare = n_gpus - base * len(jobs)
+    by_lateness = sorted(
+        range(len(jobs)), key=lambda k: -jobs[k].iters_remaining * jobs[k].iter_time_serial / counts[k]
+    )
+    for k in by_lateness:
+        if spare == 0:
+            break
+        if counts[k] < jobs[k].demand_max:
+            counts[k] += 1
+            spare -= 1
+    return counts
+
+
+def _pack_makespan(durations: Sequence[float], n_bins: int) -> float:
+    """Smallest makespan of running ``durations`` (one GPU each) queued on ``n_bins`` GPUs (D3).
+
+    Exact branch and bound for up to 10 jobs, LPT (within 4/3 of optimal) beyond.
+    """
+    ordered = sorted(durations, reverse=True)
+    loads = [0.0] * n_bins
+    for d in ordered:
+        loads[loads.index(min(loads))] += d
+    best = max(loads)
+    if len(ordered) > _EXACT_PACKING_JOBS:
+        return best
+    lower = max(ordered[0], sum(ordered) / n_bins)
+    bins = [0.0] * n_bins
+
+    def place(i: int) -> None:
+        nonlocal best
+        if best <= lower * (1 + 1e-12):
+            return
+        if i == len(ordered):
+            best = min(best, max(bins))
+            return
+        seen: set[float] = set()
+        for b in range(n_bins):
+            load = bins[b]
+            if load in seen or load + ordered[i] >= best:
+                continue
+            seen.add(load)
+            bins[b] = load + ordered[i]
+            place(i + 1)
+            bins[b] = load
+
+    place(0)
+    return best
+
+
+def _densest_first(gpus: Sequence[Position]) -> list[Position]:
+    """GPUs ordered rack by rack, machine by machine, slot by slot, biggest groups first.
+
+    Contiguous runs of this order have the best locality the set allows, and the order depends
+    only on the set's shape, so rho does too (``agent.placement.canonical_shape``).
+    """
+    tree: dict[str, dict[str, dict[str, list[Position]]]] = {}
+    for p in gpus:
+        tree.setdefault(p[0], {}).setdefault(p[1], {}).setdefault(p[2], []).append(p)
+
+    def size(node) -> int:
+        return len(node) if isinstance(node, list) else sum(size(v) for v in node.values())
+
+    out: list[Position] = []
+    for rack in sorted(tree.values(), key=size, reverse=True):
+        for machine in sorted(rack.values(), key=size, reverse=True):
+            for slot in sorted(machine.values(), key=len, reverse=True):
+                out.extend(slot)
+    return out
+
+
+def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> float:
+    """Time for ``jobs`` to all finish on ``gpus`` (D3): T_sh(i) = max over jobs.
+
+    With at least as many GPUs as jobs, each job gets a contiguous run of the position-sorted GPUs
+    (contiguous keeps each job's locality as good as the set allows); with fewer GPUs than jobs,
+    jobs queue one GPU each, packed for the smallest makespan.
+    """
+    live = [j for j in jobs if j.iters_remaining > 0]
+    if not live:
+        return 0.0
+    if not gpus:
+        return INFINITY
+    ordered = _densest_first(gpus)
+    if len(ordered) >= len(live):
+        counts = _split_counts(live, len(ordered))
+        slowest_first = sorted(range(len(live)), key=lambda k: -counts[k])
+        start, worst = 0, 0.0
+        for k in slowest_first:
+            chunk = ordered[start : start + counts[k]]
+            start += counts[k]
+            worst = max(worst, job_time(live[k], chunk))
+        return worst
+    return _pack_makespan([job_time(j, ordered[:1]) for j in live], len(ordered))
+
+
+def shared_time_left(app: AppScheduler, gpus: Sequence[Position]) -> float:
+    """T_sh minus the time already elapsed: what is left to run under allocation ``gpus``."""
+    if isinstance(app, SuccessiveHalvingScheduler):
+        total = 0.0
+        for phase in range(app.current_phase(), app.num_phases() + 1):
+            total += phase_time(app.jobs_in_phase(phase, gpus), gpus)
+            if total == INFINITY:
+                break
+        return total
+    if isinstance(app, CurveStoppingScheduler):
+        return phase_time(app.jobs_remaining(gpus), gpus)
+    raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
+
+
+def ideal_time(app: AppScheduler, *, n_avg: float, cluster_size: int) -> float:
+    """T_id = T_cluster * N_avg, T_cluster = B / min(R_C, app_demand_max) (Eq. 1, 2; D5)."""
+    if n_avg < 1 or not math.isfinite(n_avg):
+        raise ValueError(f"N_avg must be a finite number >= 1 (D5), got {n_avg!r}")
+    if cluster_size < 1:
+        raise ValueError(f"cluster size must be >= 1, got {cluster_size}")
+    return app.budget() / min(cluster_size, max(1, app.demand_max())) * n_avg
+
+
+def finish_time_fairness(
+    app: AppScheduler,
+    gpus: Sequence[Position],
+    *,
+    now: float,
+    n_avg: float,
+    cluster_size: int,
+) -> float:
+    """rho(G) = T_sh(G) / T_id (paper 3.2). Infinite when the app would hold no GPU and has work."""
+    left = shared_time_left(app, gpus)
+    if left == INFINITY:
+        return INFINITY
+    t_id = ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)
+    return (max(0.0, now - app.start_time) + left) / t_id

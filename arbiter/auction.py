@@ -1,0 +1,470 @@
+"""The partial-allocation auction (paper 3.3.1, Pseudocode 1 lines 6-13; mechanism D7, D8).
+
+1. **PF allocation.** Each bidder's valuation of a row is V = 1/rho. Pick at most one row per app,
+   each GPU to at most one app, maximising prod V_i (a sum of logs). Zero valuations (rho_old =
+   infinity: an app holding nothing) follow the Nash-welfare convention: first maximise how many
+   apps get a positive valuation, then the product among them (D8).
+2. **Hidden payments.** For each bidder i, re-solve without i and set
+   c_i = prod_{j != i} V_j(PF) / prod_{j != i} V_j(PF without i), so 0 < c_i <= 1.
+3. **Randomized rounding.** GPUs are indivisible: i keeps floor(c_i |G_i|) GPUs of its PF row plus
+   one more with probability frac(c_i |G_i|) (seeded), the kept GPUs chosen for best locality (D1).
+   Everything else is leftover (Pseudocode 1 line 11), for the round engine to hand out (D9).
+
+How it is solved. Each row's weight is its log-valuation gain over the app's empty row,
+log(rho_old / rho); for an app with rho_old = infinity the empty row's log-valuation is taken as
+-M with M larger than every finite spread in the instance, which turns the Nash-welfare convention
+into one sum of weights (an app served is worth more than any product change) and keeps every c_i
+positive (tiny when i's win starves another app). The problem then splits exactly:
+
+* rows no better than the empty row, and rows that contain another row of the same app with no
+  better rho, can never be in an optimum and are dropped;
+* apps whose rows share no GPU do not interact: the instance splits into connected components,
+  each solved alone, and c_i depends only on i's component;
+* c_i = 1 without a re-solve when i wins nothing or when no other app bid on any GPU i won;
+* components small enough are solved by exact enumeration, the rest as a MILP through PuLP
+  (CBC or HiGHS) or directly through highspy with one persistent model per component whose
+  re-solves only change column bounds and start from the PF solution minus i.
+
+``solver`` picks the MILP backend: ``"highs"`` (default, highspy in-process), ``"pulp-highs"``
+(PuLP's HiGHS interface), ``"pulp-cbc"`` (PuLP + CBC, a process per solve). All are exact (gap 0);
+docs/auction.md has the measurements behind the default.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+
+from protos.messages import BidTable, Position
+
+MAX_ROWS = 4096
+SOLVERS = ("highs", "pulp-highs", "pulp-cbc")
+DEFAULT_SOLVER = "highs"
+_ENUMERATION_LIMIT = 4096
+_EPS = 1e-9
+
+
+class InvalidBid(ValueError):
+    """A bid that breaks D7; the message says which app, which row and what is wrong."""
+
+    def __init__(self, app: str, reason: str):
+        super().__init__(f"bid from {app!r}: {reason}")
+        self.app = app
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AuctionOutcome:
+    """What one auction decided (Pseudocode 1 line 12).
+
+    ``hidden_payment`` maps each bidder to c_i, the fraction of its PF allocation it keeps; the
+    hidden payment proper is the other 1 - c_i of it, which goes to ``leftover``.
+    """
+
+    pf: Mapping[str, frozenset[str]]
+    hidden_payment: Mapping[str, float]
+    granted: Mapping[str, frozenset[str]]
+    leftover: frozenset[str]
+    pf_rho: Mapping[str, float] = field(default_factory=dict)
+    solves: int = 0
+
+
+def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int = MAX_ROWS) -> None:
+    """D7: every GPU offered and listed once per row, rho finite and > 0 (rho_old may be
+    infinite), at most ``max_rows`` rows. Raises :class:`InvalidBid` naming the first fault."""
+    if not isinstance(bid, BidTable):
+        raise InvalidBid(app, f"expected a BidTable, got {type(bid).__name__}")
+    if not isinstance(bid.rho_old, (int, float)) or math.isnan(bid.rho_old) or not bid.rho_old > 0:
+        raise InvalidBid(app, f"rho_old must be > 0 (or infinity), got {bid.rho_old!r}")
+    if len(bid.rows) > max_rows:
+        raise InvalidBid(app, f"{len(bid.rows)} rows, more than the limit of {max_rows}")
+    for k, row in enumerate(bid.rows):
+        if not isinstance(row, tuple) or len(row) != 2:
+            raise InvalidBid(app, f"row {k} must be a (gpus, rho) pair")
+        gpus, rho = row
+        if isinstance(gpus, (str, bytes)) or not hasattr(gpus, "__iter__"):
+            raise InvalidBid(app, f"row {k}: gpus must be a set of GPU ids")
+        listed = list(gpus)
+        if not listed:
+            raise InvalidBid(app, f"row {k} is empty (the empty row is rho_old)")
+        if len(set(listed)) != len(listed):
+            raise InvalidBid(app, f"row {k} lists a GPU twice")
+        stray = [g for g in listed if g not in offered]
+        if stray:
+            raise InvalidBid(app, f"row {k} asks for GPUs not offered: {sorted(map(str, stray))[:5]}")
+        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
+            raise InvalidBid(app, f"row {k}: rho must be finite and > 0, got {rho!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The weighted set-packing problem behind the PF allocation
+
+
+@dataclass
+class _Component:
+    apps: list[str]
+    rows: list[list[tuple[int, float, int]]]  # per app: (gpu bitmask, weight, original row index)
+
+
+def _weights(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[str, list[tuple[int, float, int]]]:
+    """Row weights relative to each app's empty row (see module docstring), useless rows dropped."""
+    finite: dict[str, list[tuple[int, float, int]]] = {}
+    spread = 0.0
+    for app, bid in bids.items():
+        rows = []
+        for k, (gpus, rho) in enumerate(bid.rows):
+            mask = 0
+            for g in gpus:
+                mask |= gpu_bit[g]
+            if math.isinf(bid.rho_old):
+                rows.append((mask, -math.log(rho), k))
+            elif rho < bid.rho_old:
+                rows.append((mask, math.log(bid.rho_old / rho), k))
+        if rows:
+            hi = max(w for _, w, _ in rows)
+            lo = min(0.0, min(w for _, w, _ in rows))
+            spread += hi - lo
+            finite[app] = rows
+    big_m = spread + 1.0
+    out = {}
+    for app, rows in finite.items():
+        if math.isinf(bids[app].rho_old):
+            rows = [(m, w + big_m, k) for m, w, k in rows]
+        out[app] = _undominated(rows)
+    return out
+
+
+def _undominated(rows: list[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
+    """Drop rows that contain another row of the same app whose weight is at least as high."""
+    keep: list[tuple[int, float, int]] = []
+    for mask, w, k in sorted(rows, key=lambda r: (-r[1], r[0].bit_count(), r[2])):
+        if any(w <= kw + _EPS and (km & ~mask) == 0 for km, kw, _ in keep):
+            continue
+        keep.append((mask, w, k))
+    return keep
+
+
+def _components(rows: Mapping[str, list[tuple[int, float, int]]]) -> list[_Component]:
+    """Apps linked by rows that share a GPU, as connected components."""
+    apps = sorted(rows)
+    parent = {a: a for a in apps}
+
+    def find(a: str) -> str:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    footprint = {a: 0 for a in apps}
+    for a in apps:
+        for m, _, _ in rows[a]:
+            footprint[a] |= m
+    owner: dict[int, str] = {}
+    for a in apps:
+        m = footprint[a]
+        while m:
+            low = m & -m
+            m ^= low
+            b = owner.setdefault(low, a)
+            if b != a:
+                parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for a in apps:
+        groups.setdefault(find(a), []).append(a)
+    return [_Component(g, [rows[a] for a in g]) for g in groups.values()]
+
+
+def _enumerate(comp: _Component, skip: int | None) -> tuple[float, list[int]]:
+    """Exact optimum by enumeration; choice[i] = row position or -1 for the empty row."""
+    best_value, best_choice = 0.0, [-1] * len(comp.apps)
+
+    def walk(i: int, used: int, value: float, choice: list[int]) -> None:
+        nonlocal best_value, best_choice
+        if i == len(comp.apps):
+            if value > best_value + _EPS:
+                best_value, best_choice = value, choice.copy()
+            return
+        choice.append(-1)
+        walk(i + 1, used, value, choice)
+        choice.pop()
+        if i == skip:
+            return
+        for r, (mask, w, _) in enumerate(comp.rows[i]):
+            if not mask & used:
+                choice.append(r)
+                walk(i + 1, used | mask, value + w, choice)
+                choice.pop()
+
+    walk(0, 0, 0.0, [])
+    return best_value, best_choice
+
+
+class _HighsModel:
+    """One persistent highspy model per component; re-solves change bounds and warm-start."""
+
+    def __init__(self, comp: _Component):
+        import highspy
+        import numpy as np
+
+        self.np = np
+        self.h = highspy.Highs()
+        h = self.h
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("mip_rel_gap", 0.0)
+        h.setOptionValue("mip_abs_gap", 1e-9)
+        h.setOptionValue("threads", 1)
+        self.cols: list[tuple[int, int]] = []
+        costs = []
+        for i, rows in enumerate(comp.rows):
+            for r, (_, w, _) in enumerate(rows):
+                self.cols.append((i, r))
+                costs.append(w)
+        n = len(self.cols)
+        self.n = n
+        h.addCols(n, np.array(costs), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
+                  np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+        h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                                np.array([highspy.HighsVarType.kInteger] * n))
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        rows_idx: list[list[int]] = []
+        by_app: dict[int, list[int]] = {}
+        by_gpu: dict[int, list[int]] = {}
+        for c, (i, r) in enumerate(self.cols):
+            by_app.setdefault(i, []).append(c)
+            m = comp.rows[i][r][0]
+            while m:
+                low = m & -m
+                m ^= low
+                by_gpu.setdefault(low, []).append(c)
+        rows_idx.extend(v for v in by_app.values() if len(v) > 1)
+        rows_idx.extend(v for v in by_gpu.values() if len(v) > 1)
+        if rows_idx:
+            starts = np.cumsum([0] + [len(v) for v in rows_idx[:-1]]).astype(np.int32)
+            index = np.array([c for v in rows_idx for c in v], dtype=np.int32)
+            h.addRows(len(rows_idx), np.full(len(rows_idx), -np.inf), np.ones(len(rows_idx)),
+                      len(index), starts, index, np.ones(len(index)))
+        self.app_cols = by_app
+
+    def solve(self, skip: int | None, start: list[int] | None) -> tuple[float, list[int]]:
+        np, h = self.np, self.h
+        if skip is not None and skip in self.app_cols:
+            idx = np.array(self.app_cols[skip], dtype=np.int32)
+            h.changeColsBounds(len(idx), idx, np.zeros(len(idx)), np.zeros(len(idx)))
+        if start is not None:
+            x = np.zeros(self.n)
+            for c, (i, r) in enumerate(self.cols):
+                if start[i] == r:
+                    x[c] = 1.0
+            h.setSolution(self.n, np.arange(self.n, dtype=np.int32), x)
+        h.run()
+        values = h.getSolution().col_value
+        value = h.getInfo().objective_function_value
+        if skip is not None and skip in self.app_cols:
+            idx = np.array(self.app_cols[skip], dtype=np.int32)
+            h.changeColsBounds(len(idx), idx, np.zeros(len(idx)), np.ones(len(idx)))
+        choice = [-1] * (max(i for i, _ in self.cols) + 1)
+        for c, (i, r) in enumerate(self.cols):
+            if values[c] > 0.5:
+                choice[i] = r
+        return value, choice
+
+
+def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float, list[int]]:
+    import pulp
+
+    prob = pulp.LpProblem("pf_allocation", pulp.LpMaximize)
+    x: dict[tuple[int, int], pulp.LpVariable] = {}
+    by_gpu: dict[int, list[pulp.LpVariable]] = {}
+    for i, rows in enumerate(comp.rows):
+        if i == skip:
+            continue
+        for r, (mask, _, _) in enumerate(rows):
+            v = pulp.LpVariable(f"x_{i}_{r}", cat=pulp.LpBinary)
+            x[i, r] = v
+            m = mask
+            while m:
+                low = m & -m
+                m ^= low
+                by_gpu.setdefault(low, []).append(v)
+    if not x:
+        return 0.0, [-1] * len(comp.apps)
+    prob += pulp.lpSum(comp.rows[i][r][1] * v for (i, r), v in x.items())
+    for i in range(len(comp.rows)):
+        own = [v for (a, _), v in x.items() if a == i]
+        if len(own) > 1:
+            prob += pulp.lpSum(own) <= 1, f"one_row_{i}"
+    for k, vs in enumerate(by_gpu.values()):
+        if len(vs) > 1:
+            prob += pulp.lpSum(vs) <= 1, f"gpu_{k}"
+    if backend == "pulp-cbc":
+        solver = pulp.PULP_CBC_CMD(msg=False, gapRel=0, gapAbs=1e-9)
+    else:
+        solver = pulp.HiGHS(msg=False, gapRel=0, gapAbs=1e-9, threads=1)
+    status = prob.solve(solver)
+    if pulp.LpStatus[status] != "Optimal":
+        raise RuntimeError(f"PuLP ({backend}) did not solve the PF allocation: {pulp.LpStatus[status]}")
+    choice = [-1] * len(comp.apps)
+    for (i, r), v in x.items():
+        if (v.value() or 0) > 0.5:
+            choice[i] = r
+    return float(pulp.value(prob.objective) or 0.0), choice
+
+
+class _ComponentSolver:
+    """Solves one component exactly, with and without each app, counting MILP solves."""
+
+    def __init__(self, comp: _Component, backend: str):
+        self.comp = comp
+        self.backend = backend
+        size = 1
+        for rows in comp.rows:
+            size *= len(rows) + 1
+        self.enumerate = size <= _ENUMERATION_LIMIT
+        self.model: _HighsModel | None = None
+        self.solves = 0
+
+    def solve(self, skip: int | None = None, start: list[int] | None = None) -> tuple[float, list[int]]:
+        if len(self.comp.apps) == 1 or self.enumerate:
+            return _enumerate(self.comp, skip)
+        self.solves += 1
+        if self.backend == "highs":
+            if self.model is None:
+                self.model = _HighsModel(self.comp)
+            return self.model.solve(skip, start)
+        return _pulp_solve(self.comp, skip, self.backend)
+
+
+def _value(comp: _Component, choice: Sequence[int], skip: int) -> float:
+    return sum(comp.rows[i][r][1] for i, r in enumerate(choice) if r >= 0 and i != skip)
+
+
+def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[int]) -> list[float]:
+    """c_i for each app of the component (D8), skipping re-solves where c_i = 1 is provable."""
+    out = []
+    for i in range(len(comp.apps)):
+        r = choice[i]
+        if r < 0:
+            out.append(1.0)
+            continue
+        won = comp.rows[i][r][0]
+        contested = any(m & won for j, rows in enumerate(comp.rows) if j != i for m, _, _ in rows)
+        if not contested:
+            out.append(1.0)
+            continue
+        start = [c if j != i else -1 for j, c in enumerate(choice)]
+        without_i, _ = solver.solve(skip=i, start=start)
+        with_i = _value(comp, choice, skip=i)
+        log_c = min(0.0, with_i - max(without_i, with_i))
+        out.append(max(math.exp(log_c), 5e-324))
+    return out
+
+
+def keep_best_locality(gpus: Sequence[str], k: int, position: Callable[[str], Position]) -> frozenset[str]:
+    """k of ``gpus`` with the best locality (D1, D8): inside one slot if any slot has k, else one
+    machine, else one rack, filling the fullest groups first."""
+    if k >= len(gpus):
+        return frozenset(gpus)
+    if k <= 0:
+        return frozenset()
+    levels: list[dict[tuple, list[str]]] = [{}, {}, {}]
+    for g in sorted(gpus):
+        rack, machine, slot = position(g)
+        levels[0].setdefault((rack, machine, slot), []).append(g)
+        levels[1].setdefault((rack, machine), []).append(g)
+        levels[2].setdefault((rack,), []).append(g)
+
+    def densest(members: list[str]) -> list[str]:
+        by_slot: dict[tuple, list[str]] = {}
+        for g in members:
+            by_slot.setdefault(position(g), []).append(g)
+        by_machine: dict[tuple, list[list[str]]] = {}
+        for pos, gs in by_slot.items():
+            by_machine.setdefault(pos[:2], []).append(gs)
+        out: list[str] = []
+        for slots in sorted(by_machine.values(), key=lambda s: (-sum(map(len, s)), s[0][0])):
+            for gs in sorted(slots, key=lambda s: (-len(s), s[0])):
+                out.extend(gs)
+        return out
+
+    for level in levels:
+        fits = [gs for gs in level.values() if len(gs) >= k]
+        if fits:
+            best = min(fits, key=lambda gs: (len(gs), gs[0]))
+            return frozenset(densest(best)[:k])
+    by_rack = sorted(levels[2].values(), key=lambda gs: (-len(gs), gs[0]))
+    return frozenset(densest([g for gs in by_rack for g in gs])[:k])
+
+
+def position_from_id(gpu_id: str) -> Position:
+    """Fallback hierarchy from ids like ``r0-m1-g3``: rack r0, machine r0-m1, the GPU its own slot."""
+    parts = gpu_id.split("-")
+    if len(parts) >= 3:
+        return (parts[0], "-".join(parts[:2]), gpu_id)
+    return (gpu_id, gpu_id, gpu_id)
+
+
+def run_auction(
+    offered: frozenset[str],
+    bids: Mapping[str, BidTable],
+    *,
+    seed: int,
+    solver: str = DEFAULT_SOLVER,
+    position: Callable[[str], Position] | None = None,
+    max_rows: int = MAX_ROWS,
+) -> AuctionOutcome:
+    """Run one partial-allocation auction (Pseudocode 1, ``auction``) over ``offered``.
+
+    ``bids`` maps app -> :class:`BidTable`; every bid is validated first (D7) and the first bad one
+    raises :class:`InvalidBid`. ``position`` gives each GPU's (rack, machine, slot) for keeping the
+    best-placed GPUs when rounding; by default it is read off ids like ``r0-m1-g3``.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    offered = frozenset(offered)
+    for app, bid in bids.items():
+        validate_bid(app, bid, offered, max_rows)
+    position = position or position_from_id
+    gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
+    bit_gpu = {b: g for g, b in gpu_bit.items()}
+    weighted = _weights(bids, gpu_bit)
+
+    pf: dict[str, frozenset[str]] = {}
+    pf_rho: dict[str, float] = {}
+    c: dict[str, float] = {app: 1.0 for app in bids}
+    solves = 0
+    for comp in _components(weighted):
+        solver_ = _ComponentSolver(comp, solver)
+        _, choice = solver_.solve()
+        for app, rows, r in zip(comp.apps, comp.rows, choice):
+            if r >= 0:
+                mask, _, original = rows[r]
+                gpus, rho = bids[app].rows[original]
+                pf[app] = frozenset(gpus)
+                pf_rho[app] = float(rho)
+        for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice)):
+            c[app] = ci
+        solves += solver_.solves
+    del bit_gpu
+
+    rng = random.Random(seed)
+    granted: dict[str, frozenset[str]] = {}
+    for app in sorted(pf):
+        size = len(pf[app]) * c[app]
+        keep = math.floor(size + 1e-12)
+        if rng.random() < size - keep:
+            keep += 1
+        kept = keep_best_locality(sorted(pf[app]), keep, position)
+        if kept:
+            granted[app] = kept
+    used = frozenset().union(*granted.values()) if granted else frozenset()
+    return AuctionOutcome(
+        pf=pf,
+        hidden_payment=c,
+        granted=granted,
+        leftover=offered - used,
+        pf_rho=pf_rho,
+        solves=solves,
+    )

@@ -1,0 +1,37 @@
+"""Plain values exchanged between the arbiter and agents (paper Figure 7, mechanism D7).
+
+Both sides import these and nothing else of each other, so the simulator can hand the same objects
+across that the service sends over gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+Position = tuple[str, str, str]  # (rack, machine, slot) of a GPU
+
+
+@dataclass(frozen=True)
+class BidTable:
+    """An app's bid (D7): rows of (GPU subset of the offer, rho if it won that subset on top of
+    what it holds). ``rho_old`` is the empty row: rho with what it holds now, infinite if it holds
+    nothing."""
+
+    rho_old: float
+    rows: Sequence[tuple[frozenset[str], float]] = ()
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A round's non-binding offer (paper 4.2.2 step 2): the free GPUs with their place in the
+    hierarchy, the time, and the app's N_avg (D5)."""
+
+    round_id: int
+    gpus: Mapping[str, Position]
+    now: float
+    n_avg: float
+    cluster_size: int
+    deadline: float = math.inf
+    held: Mapping[str, Position] = field(default_factory=dict)
