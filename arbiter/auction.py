@@ -33,10 +33,12 @@ docs/auction.md has the measurements behind the default.
 from __future__ import annotations
 
 import math
+import os
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import product
 
 from protos.messages import BidTable, Position
 
@@ -216,6 +218,11 @@ class _HighsModel:
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 1e-9)
         h.setOptionValue("threads", 1)
+        # Measured on the 60 yardstick instances (docs/auction.md): restarts and the RINS/RENS
+        # sub-MIPs cost more than they save on these set-packing models.
+        h.setOptionValue("mip_allow_restart", False)
+        h.setOptionValue("mip_heuristic_run_rins", False)
+        h.setOptionValue("mip_heuristic_run_rens", False)
         self.cols: list[tuple[int, int]] = []
         costs = []
         for i, rows in enumerate(comp.rows):
@@ -314,7 +321,10 @@ def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float
 
 
 class _ComponentSolver:
-    """Solves one component exactly, with and without each app, counting MILP solves."""
+    """Solves one component exactly, with and without each app, counting MILP solves.
+
+    highspy models are not thread-safe, so each worker thread keeps its own persistent model.
+    """
 
     def __init__(self, comp: _Component, backend: str):
         self.comp = comp
@@ -323,17 +333,20 @@ class _ComponentSolver:
         for rows in comp.rows:
             size *= len(rows) + 1
         self.enumerate = size <= _ENUMERATION_LIMIT
-        self.model: _HighsModel | None = None
+        self.local = threading.local()
         self.solves = 0
+        self._lock = threading.Lock()
 
     def solve(self, skip: int | None = None, start: list[int] | None = None) -> tuple[float, list[int]]:
         if len(self.comp.apps) == 1 or self.enumerate:
             return _enumerate(self.comp, skip)
-        self.solves += 1
+        with self._lock:
+            self.solves += 1
         if self.backend == "highs":
-            if self.model is None:
-                self.model = _HighsModel(self.comp)
-            return self.model.solve(skip, start)
+            model = getattr(self.local, "model", None)
+            if model is None:
+                model = self.local.model = _HighsModel(self.comp)
+            return model.solve(skip, start)
         return _pulp_solve(self.comp, skip, self.backend)
 
 
@@ -341,24 +354,28 @@ def _value(comp: _Component, choice: Sequence[int], skip: int) -> float:
     return sum(comp.rows[i][r][1] for i, r in enumerate(choice) if r >= 0 and i != skip)
 
 
-def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[int]) -> list[float]:
+def _hidden_payments(
+    comp: _Component, solver: _ComponentSolver, choice: list[int], pool: ThreadPoolExecutor | None
+) -> list[float]:
     """c_i for each app of the component (D8), skipping re-solves where c_i = 1 is provable."""
-    out = []
-    for i in range(len(comp.apps)):
-        r = choice[i]
+    out = [1.0] * len(comp.apps)
+    todo = []
+    for i, r in enumerate(choice):
         if r < 0:
-            out.append(1.0)
             continue
         won = comp.rows[i][r][0]
-        contested = any(m & won for j, rows in enumerate(comp.rows) if j != i for m, _, _ in rows)
-        if not contested:
-            out.append(1.0)
-            continue
+        if any(m & won for j, rows in enumerate(comp.rows) if j != i for m, _, _ in rows):
+            todo.append(i)
+
+    def resolve(i: int) -> tuple[int, float]:
         start = [c if j != i else -1 for j, c in enumerate(choice)]
         without_i, _ = solver.solve(skip=i, start=start)
         with_i = _value(comp, choice, skip=i)
-        log_c = min(0.0, with_i - max(without_i, with_i))
-        out.append(max(math.exp(log_c), 5e-324))
+        return i, min(0.0, with_i - max(without_i, with_i))
+
+    results = pool.map(resolve, todo) if pool is not None and len(todo) > 1 else map(resolve, todo)
+    for i, log_c in results:
+        out[i] = max(math.exp(log_c), 5e-324)
     return out
 
 
@@ -414,12 +431,14 @@ def run_auction(
     solver: str = DEFAULT_SOLVER,
     position: Callable[[str], Position] | None = None,
     max_rows: int = MAX_ROWS,
+    workers: int | None = None,
 ) -> AuctionOutcome:
     """Run one partial-allocation auction (Pseudocode 1, ``auction``) over ``offered``.
 
     ``bids`` maps app -> :class:`BidTable`; every bid is validated first (D7) and the first bad one
     raises :class:`InvalidBid`. ``position`` gives each GPU's (rack, machine, slot) for keeping the
-    best-placed GPUs when rounding; by default it is read off ids like ``r0-m1-g3``.
+    best-placed GPUs when rounding; by default it is read off ids like ``r0-m1-g3``. ``workers``
+    threads run the re-solves for c_i (default: the machine's cores, at most 4).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
@@ -428,26 +447,29 @@ def run_auction(
         validate_bid(app, bid, offered, max_rows)
     position = position or position_from_id
     gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
-    bit_gpu = {b: g for g, b in gpu_bit.items()}
     weighted = _weights(bids, gpu_bit)
 
     pf: dict[str, frozenset[str]] = {}
     pf_rho: dict[str, float] = {}
     c: dict[str, float] = {app: 1.0 for app in bids}
     solves = 0
-    for comp in _components(weighted):
-        solver_ = _ComponentSolver(comp, solver)
-        _, choice = solver_.solve()
-        for app, rows, r in zip(comp.apps, comp.rows, choice):
-            if r >= 0:
-                mask, _, original = rows[r]
-                gpus, rho = bids[app].rows[original]
-                pf[app] = frozenset(gpus)
-                pf_rho[app] = float(rho)
-        for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice)):
-            c[app] = ci
-        solves += solver_.solves
-    del bit_gpu
+    n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(n_workers) if n_workers > 1 else None
+    try:
+        for comp in _components(weighted):
+            solver_ = _ComponentSolver(comp, solver)
+            _, choice = solver_.solve()
+            for app, rows, r in zip(comp.apps, comp.rows, choice):
+                if r >= 0:
+                    gpus, rho = bids[app].rows[rows[r][2]]
+                    pf[app] = frozenset(gpus)
+                    pf_rho[app] = float(rho)
+            for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice, pool)):
+                c[app] = ci
+            solves += solver_.solves
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
     rng = random.Random(seed)
     granted: dict[str, frozenset[str]] = {}
