@@ -35,3 +35,23 @@ class Offer:
     cluster_size: int
     deadline: float = math.inf
     held: Mapping[str, Position] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RhoRequest:
+    """Paper 4.2.2 step 1: "the Arbiter asks all apps for current finish-time fair metric estimates"."""
+
+    round_id: int
+    app: str
+    now: float
+    n_avg: float
+    cluster_size: int
+    held: Mapping[str, Position]
+
+
+@dataclass(frozen=True)
+class RhoReport:
+    """An app's answer: rho with what it holds now, and how many GPUs it could use in all."""
+
+    rho: float
+    demand: int

@@ -1,0 +1,52 @@
+"""What a cross-app scheduling policy is (paper 6.1: "on any resource availability, all apps
+report X and the arbiter allocates by X").
+
+The round engine (``arbiter.rounds``) owns the lease table, the clock it is handed and the
+conversation with agents; a policy only decides, from the round's context and the apps' reports and
+bids, which apps get an offer and who gets which free GPU. A new policy is one file with one
+subclass, registered by name in ``arbiter.policies``.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from arbiter.auction import AuctionOutcome
+from protos.messages import BidTable, Position
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    round_id: int
+    now: float
+    free: frozenset[str]
+    unmet: Mapping[str, int]  # active apps' demand beyond what they hold
+    held: Mapping[str, frozenset[str]]
+    position: Callable[[str], Position]
+    rng: random.Random
+    seed: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer for one round: grants per app, and how they came about."""
+
+    granted: Mapping[str, frozenset[str]]
+    auction: AuctionOutcome | None = None
+    leftover_granted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
+        """Which of the apps that reported get this round's offer."""
+
+    @abstractmethod
+    def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
+        """Turn the free GPUs and the (already validated) bids into grants."""

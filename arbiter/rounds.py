@@ -1,0 +1,368 @@
+"""The pure round engine: Pseudocode 1's ``roundByRoundAuctions`` without sockets or clocks.
+
+Time is a number the caller passes in. The simulator drives the engine with a virtual clock, the
+service with the wall clock; both go through the same steps (paper 4.2.2, Figure 7):
+
+1. :meth:`RoundEngine.open_round` expires leases, collects the free GPUs and asks every active
+   app for its current rho (:class:`RhoRequest`, carrying N_avg, D5);
+2. :meth:`OpenRound.report` takes each :class:`RhoReport` (rho and the app's current demand);
+3. :meth:`OpenRound.offers` filters the worst apps (the policy; D6) and makes their offers;
+4. :meth:`OpenRound.bid` validates each bid (D7); a bad bid is rejected with a reason and that app
+   is treated as not bidding;
+5. :meth:`OpenRound.close` lets the policy allocate (auction, leftover; D8, D9) and turns its
+   decision into leases (D10), returning a :class:`RoundResult` with the grants.
+
+:meth:`RoundEngine.run_round` does all five in one call against in-process agents. When a round is
+due (D10) is answered by :meth:`RoundEngine.round_due` and :meth:`RoundEngine.next_wakeup`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from arbiter.auction import InvalidBid, validate_bid
+from arbiter.cluster import Cluster
+from arbiter.leases import LeaseTable
+from arbiter.policies.base import Decision, Policy, RoundContext
+from protos.messages import BidTable, Offer, RhoReport, RhoRequest
+
+DEFAULT_LEASE_S = 600.0
+DEFAULT_COALESCE_S = 1.0
+
+
+class UnknownApp(KeyError):
+    def __str__(self) -> str:
+        return f"unknown app {self.args[0]!r}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    app: str
+    gpus: frozenset[str]
+    expires_at: float
+    round_id: int
+    source: str  # "auction" or "leftover"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    round_id: int
+    now: float
+    offered: frozenset[str]
+    rho: Mapping[str, float]
+    bidders: tuple[str, ...]
+    rejected: Mapping[str, str]
+    grants: tuple[Grant, ...]
+    decision: Decision | None
+    idle: frozenset[str]  # free GPUs nobody got this round
+    unmet_after: Mapping[str, int] = field(default_factory=dict)
+
+
+class AgentPort(Protocol):
+    """How :meth:`RoundEngine.run_round` reaches an in-process agent."""
+
+    def report(self, request: RhoRequest) -> RhoReport: ...
+
+    def bid(self, offer: Offer) -> BidTable: ...
+
+
+@dataclass
+class _AppState:
+    arrived: float
+    contention_at_arrival: float
+
+
+class RoundEngine:
+    """Leases, apps, N_avg and rounds over one cluster, with a pluggable policy."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Policy,
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        coalesce_s: float = DEFAULT_COALESCE_S,
+        seed: int = 0,
+    ):
+        if not lease_s > 0:
+            raise ValueError(f"lease length must be > 0 seconds, got {lease_s}")
+        if not coalesce_s >= 0:
+            raise ValueError(f"coalescing window must be >= 0 seconds, got {coalesce_s}")
+        self.cluster = cluster
+        self.policy = policy
+        self.lease_s = lease_s
+        self.coalesce_s = coalesce_s
+        self.seed = seed
+        self.leases = LeaseTable()
+        self.apps: dict[str, _AppState] = {}
+        self.round_id = 0
+        self._pending_since: float | None = None
+        self._clock = 0.0  # last time the contention integral was advanced
+        self._contention = 0.0  # integral of (number of active apps) dt
+        self._open: OpenRound | None = None
+
+    # -- apps and N_avg (D5) -------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        if now < self._clock:
+            raise ValueError(f"time went backwards: {now} < {self._clock}")
+        self._contention += len(self.apps) * (now - self._clock)
+        self._clock = now
+
+    def add_app(self, app: str, now: float) -> None:
+        """An app arrives (a resource-available event if GPUs are free, D10)."""
+        if app in self.apps:
+            raise ValueError(f"app {app!r} is already registered")
+        self._advance(now)
+        self.apps[app] = _AppState(now, self._contention)
+        if self.free_gpus():
+            self._note(now)
+
+    def remove_app(self, app: str, now: float) -> frozenset[str]:
+        """An app finishes or fails: its GPUs return to the pool (D10)."""
+        if app not in self.apps:
+            raise UnknownApp(app)
+        self._advance(now)
+        del self.apps[app]
+        freed = self.leases.release(app)
+        if freed:
+            self._note(now)
+        return freed
+
+    def release(self, app: str, gpus, now: float) -> frozenset[str]:
+        """The app gives GPUs back before their leases end (its jobs finished)."""
+        if app not in self.apps:
+            raise UnknownApp(app)
+        freed = self.leases.release(app, gpus)
+        if freed:
+            self._note(now)
+        return freed
+
+    def n_avg(self, app: str, now: float) -> float:
+        """D5: time-weighted average number of active apps (itself included) since it arrived."""
+        state = self.apps.get(app)
+        if state is None:
+            raise UnknownApp(app)
+        span = now - state.arrived
+        if span <= 0:
+            return float(len(self.apps))
+        total = self._contention + len(self.apps) * (now - self._clock) - state.contention_at_arrival
+        return max(1.0, total / span)
+
+    # -- when rounds run (D10) -----------------------------------------------------------
+
+    def _note(self, now: float) -> None:
+        if self._pending_since is None or now < self._pending_since:
+            self._pending_since = now
+
+    def note_gpus_added(self, now: float) -> None:
+        """The cluster grew (the service calls this after adding a machine)."""
+        self._note(now)
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time a round may be due: a pending event or a lease expiry, plus the
+        coalescing window."""
+        events = [t for t in (self._pending_since, self.leases.next_expiry()) if t is not None]
+        return min(events) + self.coalesce_s if events else None
+
+    def round_due(self, now: float) -> bool:
+        wake = self.next_wakeup()
+        return wake is not None and now >= wake and self._open is None
+
+    def free_gpus(self) -> frozenset[str]:
+        return frozenset(self.cluster.gpus) - self.leases.taken()
+
+    def held(self, app: str) -> frozenset[str]:
+        return self.leases.held_by(app)
+
+    # -- one round -----------------------------------------------------------------------
+
+    def open_round(self, now: float) -> "OpenRound":
+        if self._open is not None:
+            raise RuntimeError(f"round {self._open.round_id} is still open")
+        self._advance(now)
+        self.leases.expire(now)
+        self._pending_since = None
+        self.round_id += 1
+        self._open = OpenRound(self, self.round_id, now)
+        return self._open
+
+    def _closed(self) -> None:
+        self._open = None
+
+    def run_round(self, now: float, ports: Mapping[str, AgentPort]) -> RoundResult:
+        """A whole round against in-process agents; an agent that raises is treated as silent."""
+        rnd = self.open_round(now)
+        for request in rnd.requests:
+            port = ports.get(request.app)
+            if port is None:
+                continue
+            try:
+                rnd.report(request.app, port.report(request))
+            except Exception as exc:  # an agent's failure must not stop the round
+                rnd.note_failure(request.app, f"rho report failed: {exc}")
+        for app, offer in rnd.offers().items():
+            port = ports.get(app)
+            if port is None:
+                continue
+            try:
+                table = port.bid(offer)
+            except Exception as exc:
+                rnd.note_failure(app, f"bid failed: {exc}")
+                continue
+            try:
+                rnd.bid(app, table)
+            except InvalidBid:
+                pass
+        return rnd.close()
+
+
+class InvalidReport(ValueError):
+    """A rho report that cannot be used (NaN or non-positive rho, negative demand)."""
+
+
+class OpenRound:
+    """One round between :meth:`RoundEngine.open_round` and :meth:`close`."""
+
+    def __init__(self, engine: RoundEngine, round_id: int, now: float):
+        self.engine = engine
+        self.round_id = round_id
+        self.now = now
+        self.free = engine.free_gpus()
+        cluster = engine.cluster
+        self.requests = [
+            RhoRequest(
+                round_id,
+                app,
+                now,
+                engine.n_avg(app, now),
+                cluster.size,
+                {g: cluster.position(g) for g in sorted(engine.held(app))},
+            )
+            for app in sorted(engine.apps)
+        ]
+        self._reports: dict[str, RhoReport] = {}
+        self._offers: dict[str, Offer] | None = None
+        self._bids: dict[str, BidTable] = {}
+        self.rejected: dict[str, str] = {}
+        self._rng = random.Random(f"{engine.seed}:{round_id}")
+
+    def report(self, app: str, report: RhoReport) -> None:
+        if app not in self.engine.apps:
+            raise UnknownApp(app)
+        if self._offers is not None:
+            raise InvalidReport(f"round {self.round_id}: reports are closed, offers went out")
+        rho, demand = report.rho, report.demand
+        if not isinstance(rho, (int, float)) or math.isnan(rho) or not rho > 0:
+            raise InvalidReport(f"{app!r}: rho must be > 0 (or infinity), got {rho!r}")
+        if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
+            raise InvalidReport(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
+        self._reports[app] = report
+
+    def note_failure(self, app: str, reason: str) -> None:
+        self.rejected[app] = reason
+
+    def _unmet(self) -> dict[str, int]:
+        out = {}
+        for app, r in self._reports.items():
+            n = r.demand - len(self.engine.held(app))
+            if n > 0:
+                out[app] = n
+        return out
+
+    def _context(self) -> RoundContext:
+        cluster = self.engine.cluster
+        return RoundContext(
+            round_id=self.round_id,
+            now=self.now,
+            free=self.free,
+            unmet=self._unmet(),
+            held={app: self.engine.held(app) for app in self.engine.apps},
+            position=cluster.position,
+            rng=self._rng,
+            seed=self._rng.randrange(2**31),
+        )
+
+    def offers(self) -> dict[str, Offer]:
+        """Step 2: the same offer of the free GPUs to the apps the policy lets bid (D6)."""
+        if self._offers is None:
+            unmet = self._unmet()
+            if not self.free or not unmet:
+                self._offers = {}
+                return {}
+            ctx = self._context()
+            chosen = self.engine.policy.bidders({a: self._reports[a].rho for a in unmet}, ctx)
+            cluster = self.engine.cluster
+            gpus = {g: cluster.position(g) for g in sorted(self.free)}
+            self._offers = {
+                app: Offer(
+                    self.round_id,
+                    gpus,
+                    self.now,
+                    self.engine.n_avg(app, self.now),
+                    cluster.size,
+                    held={g: cluster.position(g) for g in sorted(self.engine.held(app))},
+                )
+                for app in chosen
+            }
+        return dict(self._offers)
+
+    def bid(self, app: str, table: BidTable) -> None:
+        """Step 3: a bid, validated (D7). Raises InvalidBid (and records why) when it is bad."""
+        if self._offers is None:
+            raise InvalidBid(app, f"round {self.round_id} has made no offers yet")
+        if app not in self._offers:
+            reason = "not offered in this round" if app in self.engine.apps else "unknown app"
+            self.rejected[app] = reason
+            raise InvalidBid(app, reason)
+        try:
+            validate_bid(app, table, self.free)
+        except InvalidBid as exc:
+            self.rejected[app] = exc.reason
+            raise
+        self._bids[app] = table
+
+    def close(self) -> RoundResult:
+        """Steps 4-5: allocate and lease. The round's GPUs were free when it opened and nothing
+        else grants GPUs meanwhile, so the lease table's all-or-nothing grant cannot conflict."""
+        try:
+            offers = self.offers()
+            ctx = self._context()
+            decision: Decision | None = None
+            grants: list[Grant] = []
+            if self.free and ctx.unmet:
+                decision = self.engine.policy.allocate(ctx, self._bids)
+                expires = self.now + self.engine.lease_s
+                given: set[str] = set()
+                for app in sorted(decision.granted):
+                    gpus = frozenset(decision.granted[app])
+                    if not gpus:
+                        continue
+                    if not gpus <= self.free or gpus & given:
+                        raise RuntimeError(f"policy {self.engine.policy.name} granted GPUs that were not free: {app}")
+                    given |= gpus
+                    self.engine.leases.grant(app, gpus, now=self.now, expires_at=expires, round_id=self.round_id)
+                    won = decision.auction.granted if decision.auction else {}
+                    source = "auction" if app in won else "leftover"
+                    grants.append(Grant(app, gpus, expires, self.round_id, source))
+            taken = frozenset().union(*(g.gpus for g in grants)) if grants else frozenset()
+            unmet_after = {a: n - len(decision.granted.get(a, ())) if decision else n for a, n in ctx.unmet.items()}
+            return RoundResult(
+                round_id=self.round_id,
+                now=self.now,
+                offered=self.free,
+                rho={a: r.rho for a, r in self._reports.items()},
+                bidders=tuple(sorted(offers)),
+                rejected=dict(self.rejected),
+                grants=tuple(grants),
+                decision=decision,
+                idle=self.free - taken,
+                unmet_after={a: n for a, n in unmet_after.items() if n > 0},
+            )
+        finally:
+            self.engine._closed()
+
