@@ -195,6 +195,13 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
         live = sum(1 for left in self._running.values() if left > 0)
         return live * self.job_demand_max
 
+    def phase_jobs(self) -> list[str]:
+        """Ids of the current phase's jobs, finished or not."""
+        return sorted(self._running)
+
+    def phase_done(self) -> bool:
+        return self.phase <= self.num_phases() and all(left <= 0 for left in self._running.values())
+
     def advance(self, job_id: str, iterations: float) -> None:
         self._running[job_id] = max(0.0, self._running[job_id] - iterations)
 

@@ -124,17 +124,28 @@ def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> float:
         return 0.0
     if not gpus:
         return INFINITY
+    if len(gpus) >= len(live):
+        return max(job_time(job, chunk) for job, chunk in split_allocation(live, gpus))
+    return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
+
+
+def split_allocation(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> list[tuple[JobInfo, list[Position]]]:
+    """Which GPUs each job runs on now (D3): an even split in contiguous runs of the densest-first
+    order when there are at least as many GPUs as jobs; otherwise the longest jobs get one GPU each
+    and the rest wait. Jobs that get nothing are left out."""
+    live = [j for j in jobs if j.iters_remaining > 0]
     ordered = _densest_first(gpus)
-    if len(ordered) >= len(live):
-        counts = _split_counts(live, len(ordered))
-        slowest_first = sorted(range(len(live)), key=lambda k: -counts[k])
-        start, worst = 0, 0.0
-        for k in slowest_first:
-            chunk = ordered[start : start + counts[k]]
-            start += counts[k]
-            worst = max(worst, job_time(live[k], chunk))
-        return worst
-    return _pack_makespan([job_time(j, ordered[:1]) for j in live], len(ordered))
+    if not live or not ordered:
+        return []
+    if len(ordered) < len(live):
+        longest = sorted(live, key=lambda j: -j.iters_remaining * j.iter_time_serial)
+        return [(job, [g]) for job, g in zip(longest, ordered)]
+    counts = _split_counts(live, len(ordered))
+    out, start = [], 0
+    for k in sorted(range(len(live)), key=lambda k: -counts[k]):
+        out.append((live[k], ordered[start : start + counts[k]]))
+        start += counts[k]
+    return out
 
 
 def shared_time_left(app: AppScheduler, gpus: Sequence[Position]) -> float:

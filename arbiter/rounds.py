@@ -26,7 +26,7 @@ from typing import Protocol
 
 from arbiter.auction import InvalidBid, validate_bid
 from arbiter.cluster import Cluster
-from arbiter.leases import LeaseTable
+from arbiter.leases import Lease, LeaseTable
 from arbiter.policies.base import Decision, Policy, RoundContext
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
@@ -60,6 +60,7 @@ class RoundResult:
     decision: Decision | None
     idle: frozenset[str]  # free GPUs nobody got this round
     unmet_after: Mapping[str, int] = field(default_factory=dict)
+    expired: tuple[Lease, ...] = ()  # leases that ran out when the round opened
 
 
 class AgentPort(Protocol):
@@ -185,10 +186,10 @@ class RoundEngine:
         if self._open is not None:
             raise RuntimeError(f"round {self._open.round_id} is still open")
         self._advance(now)
-        self.leases.expire(now)
+        expired = tuple(sorted(self.leases.expire(now), key=lambda lease: lease.gpu))
         self._pending_since = None
         self.round_id += 1
-        self._open = OpenRound(self, self.round_id, now)
+        self._open = OpenRound(self, self.round_id, now, expired)
         return self._open
 
     def _closed(self) -> None:
@@ -228,8 +229,9 @@ class InvalidReport(ValueError):
 class OpenRound:
     """One round between :meth:`RoundEngine.open_round` and :meth:`close`."""
 
-    def __init__(self, engine: RoundEngine, round_id: int, now: float):
+    def __init__(self, engine: RoundEngine, round_id: int, now: float, expired: tuple[Lease, ...] = ()):
         self.engine = engine
+        self.expired = expired
         self.round_id = round_id
         self.now = now
         self.free = engine.free_gpus()
@@ -362,6 +364,7 @@ class OpenRound:
                 decision=decision,
                 idle=self.free - taken,
                 unmet_after={a: n for a, n in unmet_after.items() if n > 0},
+                expired=self.expired,
             )
         finally:
             self.engine._closed()
