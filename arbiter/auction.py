@@ -5,7 +5,9 @@
    infinity: an app holding nothing) follow the Nash-welfare convention: first maximise how many
    apps get a positive valuation, then the product among them (D8).
 2. **Hidden payments.** For each bidder i, re-solve without i and set
-   c_i = prod_{j != i} V_j(PF) / prod_{j != i} V_j(PF without i), so 0 < c_i <= 1.
+   c_i = prod_{j != i} V_j(PF) / prod_{j != i} V_j(PF without i), so 0 < c_i <= 1 -- or c_i = 0
+   when i's win leaves another app with a zero valuation that it would not have without i (the
+   product's numerator is zero; docs/mechanism.md records this reading of D8).
 3. **Randomized rounding.** GPUs are indivisible: i keeps floor(c_i |G_i|) GPUs of its PF row plus
    one more with probability frac(c_i |G_i|) (seeded), the kept GPUs chosen for best locality (D1).
    Everything else is leftover (Pseudocode 1 line 11), for the round engine to hand out (D9).
@@ -13,8 +15,8 @@
 How it is solved. Each row's weight is its log-valuation gain over the app's empty row,
 log(rho_old / rho); for an app with rho_old = infinity the empty row's log-valuation is taken as
 -M with M larger than every finite spread in the instance, which turns the Nash-welfare convention
-into one sum of weights (an app served is worth more than any product change) and keeps every c_i
-positive (tiny when i's win starves another app). The problem then splits exactly:
+into one sum of weights (an app served is worth more than any product change). The problem then
+splits exactly:
 
 * rows no better than the empty row, and rows that contain another row of the same app with no
   better rho, can never be in an optimum and are dropped;
@@ -109,12 +111,14 @@ def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int
 class _Component:
     apps: list[str]
     rows: list[list[tuple[int, float, int]]]  # per app: (gpu bitmask, weight, original row index)
+    starving: frozenset[str] = frozenset()  # apps with rho_old = infinity
 
 
 def _weights(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[str, list[tuple[int, float, int]]]:
     """Row weights relative to each app's empty row (see module docstring), useless rows dropped."""
     finite: dict[str, list[tuple[int, float, int]]] = {}
     spread = 0.0
+    largest = 0.0
     for app, bid in bids.items():
         rows = []
         for k, (gpus, rho) in enumerate(bid.rows):
@@ -129,8 +133,11 @@ def _weights(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[s
             hi = max(w for _, w, _ in rows)
             lo = min(0.0, min(w for _, w, _ in rows))
             spread += hi - lo
+            largest = max(largest, max(abs(w) for _, w, _ in rows))
             finite[app] = rows
-    big_m = spread + 1.0
+    # Serving one more starving app gains at least M - largest and costs the others at most
+    # ``spread``, so this M makes the sum of weights order solutions as the Nash convention does.
+    big_m = spread + largest + 1.0
     out = {}
     for app, rows in finite.items():
         if math.isinf(bids[app].rho_old):
@@ -149,7 +156,7 @@ def _undominated(rows: list[tuple[int, float, int]]) -> list[tuple[int, float, i
     return keep
 
 
-def _components(rows: Mapping[str, list[tuple[int, float, int]]]) -> list[_Component]:
+def _components(rows: Mapping[str, list[tuple[int, float, int]]], starving: frozenset[str]) -> list[_Component]:
     """Apps linked by rows that share a GPU, as connected components."""
     apps = sorted(rows)
     parent = {a: a for a in apps}
@@ -176,7 +183,7 @@ def _components(rows: Mapping[str, list[tuple[int, float, int]]]) -> list[_Compo
     groups: dict[str, list[str]] = {}
     for a in apps:
         groups.setdefault(find(a), []).append(a)
-    return [_Component(g, [rows[a] for a in g]) for g in groups.values()]
+    return [_Component(g, [rows[a] for a in g], starving & frozenset(g)) for g in groups.values()]
 
 
 def _enumerate(comp: _Component, skip: int | None) -> tuple[float, list[int]]:
@@ -350,14 +357,22 @@ class _ComponentSolver:
         return _pulp_solve(self.comp, skip, self.backend)
 
 
-def _value(comp: _Component, choice: Sequence[int], skip: int) -> float:
-    return sum(comp.rows[i][r][1] for i, r in enumerate(choice) if r >= 0 and i != skip)
+def _served_and_value(comp: _Component, choice: Sequence[int], skip: int) -> tuple[int, float]:
+    """(apps with rho_old = infinity that get a row, total weight) over all apps but ``skip``."""
+    served = sum(1 for i, r in enumerate(choice) if r >= 0 and i != skip and comp.apps[i] in comp.starving)
+    return served, sum(comp.rows[i][r][1] for i, r in enumerate(choice) if r >= 0 and i != skip)
 
 
 def _hidden_payments(
     comp: _Component, solver: _ComponentSolver, choice: list[int], pool: ThreadPoolExecutor | None
 ) -> list[float]:
-    """c_i for each app of the component (D8), skipping re-solves where c_i = 1 is provable."""
+    """c_i for each app of the component (D8), skipping re-solves where c_i = 1 is provable.
+
+    When removing i lets more of the other apps get a positive valuation (i's win leaves another
+    app with rho = infinity), the numerator of c_i has a zero valuation and c_i = 0: i keeps
+    nothing. Otherwise the served counts agree, the -M terms cancel and c_i is the plain product
+    ratio, 0 < c_i <= 1.
+    """
     out = [1.0] * len(comp.apps)
     todo = []
     for i, r in enumerate(choice):
@@ -369,13 +384,16 @@ def _hidden_payments(
 
     def resolve(i: int) -> tuple[int, float]:
         start = [c if j != i else -1 for j, c in enumerate(choice)]
-        without_i, _ = solver.solve(skip=i, start=start)
-        with_i = _value(comp, choice, skip=i)
-        return i, min(0.0, with_i - max(without_i, with_i))
+        _, alt = solver.solve(skip=i, start=start)
+        served_with, with_i = _served_and_value(comp, choice, skip=i)
+        served_without, without_i = _served_and_value(comp, alt, skip=i)
+        if served_without > served_with:
+            return i, 0.0
+        return i, math.exp(min(0.0, with_i - max(without_i, with_i)))
 
     results = pool.map(resolve, todo) if pool is not None and len(todo) > 1 else map(resolve, todo)
-    for i, log_c in results:
-        out[i] = max(math.exp(log_c), 5e-324)
+    for i, ci in results:
+        out[i] = ci
     return out
 
 
@@ -448,6 +466,7 @@ def run_auction(
     position = position or position_from_id
     gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
     weighted = _weights(bids, gpu_bit)
+    starving = frozenset(app for app, bid in bids.items() if math.isinf(bid.rho_old))
 
     pf: dict[str, frozenset[str]] = {}
     pf_rho: dict[str, float] = {}
@@ -456,7 +475,7 @@ def run_auction(
     n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
     pool = ThreadPoolExecutor(n_workers) if n_workers > 1 else None
     try:
-        for comp in _components(weighted):
+        for comp in _components(weighted, starving):
             solver_ = _ComponentSolver(comp, solver)
             _, choice = solver_.solve()
             for app, rows, r in zip(comp.apps, comp.rows, choice):
