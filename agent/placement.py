@@ -35,9 +35,9 @@ class ModelProfile:
 
 def locality_of(positions: Sequence[Position]) -> int:
     """D1 level of a set of GPU positions (same rule as ``arbiter.cluster.locality_level``)."""
-    if len({p[2] for p in positions}) <= 1:
+    if len(set(positions)) <= 1:
         return 0
-    if len({p[1] for p in positions}) == 1:
+    if len({p[:2] for p in positions}) == 1:
         return 1
     if len({p[0] for p in positions}) == 1:
         return 2

@@ -38,6 +38,7 @@ import math
 import os
 import random
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -296,7 +297,7 @@ def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float
         if i == skip:
             continue
         for r, (mask, _, _) in enumerate(rows):
-            v = pulp.LpVariable(f"x_{i}_{r}", cat=pulp.LpBinary)
+            v = prob.add_variable(f"x_{i}_{r}", 0, 1, cat=pulp.LpBinary)
             x[i, r] = v
             m = mask
             while m:
@@ -314,7 +315,10 @@ def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float
         if len(vs) > 1:
             prob += pulp.lpSum(vs) <= 1, f"gpu_{k}"
     if backend == "pulp-cbc":
-        solver = pulp.PULP_CBC_CMD(msg=False, gapRel=0, gapAbs=1e-9)
+        # PuLP 3.x bundles CBC as PULP_CBC_CMD; the pyproject pin (< 4) keeps it there.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(msg=False, gapRel=0, gapAbs=1e-9)
     else:
         solver = pulp.HiGHS(msg=False, gapRel=0, gapAbs=1e-9, threads=1)
     status = prob.solve(solver)

@@ -1,0 +1,157 @@
+"""Finish-time fairness: Eq. 1 (D2), Eq. 2 and the paper's 4.3.3 example (D3), curve stopping (D4)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.appsched import CurveJob, CurveStoppingApp, JobInfo, SingleJobApp, SuccessiveHalvingApp
+from agent.curves import predict_stop
+from agent.fairness import finish_time_fairness, ideal_time, phase_time, split_allocation
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "paper_4_3_3.toml"
+PAPER = {1: 4.0, 2: 2.0, 4: 1.064, 8: 0.532, 16: 0.356}  # mechanism.md D3
+
+
+def machine(n, rack="r0", name="m0"):
+    return [(rack, name, f"s{k}") for k in range(n)]
+
+
+def paper_app():
+    return SuccessiveHalvingApp([80, 100, 100, 120], [8, 16, 36], job_demand_max=8, budget_gpu_seconds=10_000)
+
+
+@pytest.mark.parametrize("gpus, rho", sorted(PAPER.items()))
+def test_paper_4_3_3_example_exact(gpus, rho):
+    app = paper_app()
+    assert ideal_time(app, n_avg=4, cluster_size=16) == 2500.0
+    assert finish_time_fairness(app, machine(gpus), now=0, n_avg=4, cluster_size=16) == pytest.approx(rho, abs=1e-12)
+
+
+def test_paper_4_3_3_two_gpu_phases():
+    app = paper_app()
+    two = machine(2)
+    # 4 jobs on 2 GPUs: pack {120, 80} and {100, 100}: 8 iterations x 200 s
+    assert phase_time(app.jobs_in_phase(1, two), two) == 1600
+    assert phase_time(app.jobs_in_phase(2, two), two) == 1600  # median 100 s, one job per GPU
+    assert phase_time(app.jobs_in_phase(3, two), two) == 1800  # one job on 2 GPUs
+
+
+def test_paper_4_3_3_survivors_change_the_bid():
+    """Paper 4.3.3: if the survivors are the 120 and 100 s jobs, phase 2 takes 3200 s on 2 GPUs... per
+    job; here one job per GPU so the phase is 120 x 16 = 1920, and phase 3 uses the real median."""
+    app = paper_app()
+    for job in app.phase_jobs():
+        app.advance(job, 8)
+    assert app.phase_done()
+    app.end_phase(["job3", "job1"])  # the 120 s and a 100 s job
+    two = machine(2)
+    assert phase_time(app.jobs_in_phase(2, two), two) == 120 * 16
+    assert phase_time(app.jobs_in_phase(3, two), two) == 110 * 36 / 2
+
+
+def test_rho_table_command_prints_the_papers_values():
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "rho-table", str(EXAMPLE), "--gpus", "1,2,4,8,16"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )
+    assert json.loads(out.stdout) == {str(k): v for k, v in PAPER.items()}
+
+
+def test_rho_table_command_rejects_bad_files(tmp_path):
+    bad = tmp_path / "app.toml"
+    bad.write_text("[app]\nkind = 'successive_halving'\niter_times = [1, -2]\niterations = [3]\n[context]\ncluster_size = 4\n")
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "rho-table", str(bad), "--gpus", "1"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "iter_times" in out.stderr and str(bad) in out.stderr
+
+
+def test_single_job_eq_1():
+    job = JobInfo(iters_remaining=1000, iter_time_serial=2.0, slowdown=(1, 1.2, 1.5, 2.0), demand_max=4)
+    app = SingleJobApp(job, start_time=100)
+    spread = [("r0", "m0", "s0"), ("r0", "m1", "s0"), ("r0", "m2", "s0"), ("r0", "m3", "s0")]
+    # T_sh = (400 - 100) + 1000 * 2 * 1.5 / 4 = 1050; T_id = 1000 * 2 / min(64, 4) * 3 = 1500
+    assert finish_time_fairness(app, spread, now=400, n_avg=3, cluster_size=64) == pytest.approx(1050 / 1500)
+    # more GPUs than demand_max do not help; 8 in one machine: 300 + 2000 * 1.2 / 4
+    eight = machine(8)
+    assert finish_time_fairness(app, eight, now=400, n_avg=3, cluster_size=64) == pytest.approx(900 / 1500)
+    assert finish_time_fairness(app, [], now=400, n_avg=3, cluster_size=64) == math.inf
+
+
+def test_waiting_raises_rho():
+    app = paper_app()
+    values = [finish_time_fairness(app, machine(4), now=t, n_avg=4, cluster_size=16) for t in (0, 100, 1000)]
+    assert values == sorted(values) and values[0] < values[-1]
+
+
+def test_split_allocation_keeps_jobs_on_their_own_machines():
+    jobs = [JobInfo(10, 1.0, demand_max=4, job_id=f"j{k}") for k in range(2)]
+    gpus = machine(4, name="m0") + machine(4, name="m1")
+    split = split_allocation(jobs, gpus)
+    assert [len(chunk) for _, chunk in split] == [4, 4]
+    assert all(len({p[1] for p in chunk}) == 1 for _, chunk in split)
+
+
+def test_n_avg_below_one_is_refused():
+    with pytest.raises(ValueError, match="N_avg"):
+        ideal_time(paper_app(), n_avg=0.5, cluster_size=16)
+
+
+# -- curve stopping (D4) ------------------------------------------------------------------------
+
+
+def optimus_curve(k, b0=0.01, b1=1.0, b2=0.5):
+    return 1.0 / (b0 * k + b1) + b2
+
+
+def test_curve_fit_finds_the_known_stop_on_noisy_data():
+    rng = np.random.default_rng(0)
+    k = np.arange(10, 1500, 10.0)
+    loss = optimus_curve(k) + rng.normal(0, 0.002, k.size)
+    pred = predict_stop(k, loss, tolerance=0.01, max_iterations=100_000)
+    true_stop = (1 / 0.01 - 1.0) / 0.01  # 9900
+    assert pred.optimistic <= pred.pessimistic
+    assert pred.optimistic * 0.7 < true_stop < pred.pessimistic * 1.3
+
+
+def test_curve_prediction_with_too_few_points_is_pessimistic():
+    pred = predict_stop([1, 2], [3.0, 2.0], tolerance=0.01, max_iterations=5000)
+    assert pred.pessimistic == 5000
+
+
+def test_curve_stopping_rho_uses_the_pessimistic_end_and_tightens():
+    rng = np.random.default_rng(1)
+    app = CurveStoppingApp([CurveJob("a", 1.0, 50_000), CurveJob("b", 1.0, 50_000)], tolerance=0.01)
+    gpus = machine(2)
+    before = finish_time_fairness(app, gpus, now=0, n_avg=1, cluster_size=8)
+    # with no curve yet, each job is assumed to run to its cap
+    assert before == pytest.approx(50_000 / (100_000 / 2))
+    for k in range(10, 600, 10):
+        app.report("a", k, optimus_curve(k) + rng.normal(0, 0.001))
+        app.report("b", k, optimus_curve(k, b0=0.02) + rng.normal(0, 0.001))
+    remaining = {j.job_id: j.iters_remaining for j in app.jobs_remaining(gpus)}
+    assert remaining["a"] > remaining["b"]  # a converges more slowly
+    ends = {j: predict_stop(app._by_id[j].iterations_seen, app._by_id[j].losses, tolerance=0.01,
+                            max_iterations=50_000) for j in "ab"}
+    assert remaining["a"] == pytest.approx(ends["a"].pessimistic - 590)
+    budget = ends["a"].pessimistic + ends["b"].pessimistic  # both at 1 s per iteration
+    after = finish_time_fairness(app, gpus, now=590, n_avg=1, cluster_size=8)
+    assert after == pytest.approx((590 + remaining["a"]) / (budget / 2))
+    early = predict_stop(app._by_id["a"].iterations_seen[:6], app._by_id["a"].losses[:6], tolerance=0.01,
+                         max_iterations=50_000)
+    assert ends["a"].pessimistic - ends["a"].optimistic < early.pessimistic - early.optimistic
+
+
+def test_curve_job_stops_when_its_curve_flattens():
+    app = CurveStoppingApp([CurveJob("a", 1.0, 200)], tolerance=0.01)
+    for k in range(10, 210, 10):
+        app.report("a", k, optimus_curve(k))
+    assert app.jobs[0].stopped and app.finished()
