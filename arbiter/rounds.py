@@ -59,6 +59,7 @@ class RoundResult:
     grants: tuple[Grant, ...]
     decision: Decision | None
     idle: frozenset[str]  # free GPUs nobody got this round
+    unmet: Mapping[str, int] = field(default_factory=dict)  # demand beyond holdings as the round opened
     unmet_after: Mapping[str, int] = field(default_factory=dict)
     expired: tuple[Lease, ...] = ()  # leases that ran out when the round opened
 
@@ -363,6 +364,7 @@ class OpenRound:
                 grants=tuple(grants),
                 decision=decision,
                 idle=self.free - taken,
+                unmet=dict(ctx.unmet),
                 unmet_after={a: n for a, n in unmet_after.items() if n > 0},
                 expired=self.expired,
             )

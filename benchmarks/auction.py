@@ -11,15 +11,19 @@ script measures it in three parts:
   rho_old), the rest hold nothing (rho_old = infinity). When the whole cluster is free nobody can
   hold anything, so the 256-GPU cells have only rho_old = infinity bidders. Reports the auction's
   median and p95 time, MILP solves per round, rows per bid, and the time to build one bid table.
+  Cells of up to 16 bidders (all cells with ``--plain-all``) are also checked against the plain
+  model below, which exercises the Nash-welfare convention for apps holding nothing (D8).
 * ``yardstick``: the 60 fixed instances of ``shared/data/auction-instances`` with the default
   solver, against the reference times in that README (a plain PuLP + CBC model on the developers'
   machine). The same plain model is also written here and run in the same process as a same-run
-  reference where it is quick enough; its optimum must equal the PF value of our allocation, and
-  its re-solves give the hidden payments c_i our auction must match. Any difference is reported.
+  reference where the README's median is at most 1.3 s (every cell with ``--plain-all``); its
+  optimum must equal the PF value of our allocation, and its re-solves give the hidden payments c_i
+  our auction must match. Any difference is reported loudly (and the exit status is 1).
 * ``backends``: the full auction on a few yardstick instances with each MILP backend of
   ``arbiter.auction`` (``highs``, ``pulp-highs``, ``pulp-cbc``), which is what justifies the default.
 
-Run ``python benchmarks/auction.py [--quick] [--parts grid,yardstick,backends] [--out FILE]``.
+Run ``python benchmarks/auction.py [--quick] [--parts grid,yardstick,backends] [--plain-all]
+[--out FILE]``; results go to ``benchmarks/results/auction.json`` by default.
 """
 
 from __future__ import annotations
@@ -93,7 +97,6 @@ STARVED_C_TOL = 1e-6  # c_i that counts as "keeps nothing" (i's win starves an a
 class Settings:
     quick: bool
     grid_seeds: int
-    grid_bidders: tuple[int, ...]
     yardstick_per_cell: int
     backend_per_cell: int
     plain_all: bool
@@ -101,8 +104,8 @@ class Settings:
 
 def settings_for(quick: bool, plain_all: bool) -> Settings:
     if quick:
-        return Settings(True, 2, GRID_BIDDERS, 2, 1, plain_all)
-    return Settings(False, 5, GRID_BIDDERS, 5, 2, plain_all)
+        return Settings(True, 2, 2, 1, plain_all)
+    return Settings(False, 5, 5, 2, plain_all)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,6 +470,7 @@ def grid_cell(
     row = {
         "cell": cell_name(cell),
         "instances": len(times),
+        "seeds": list(range(settings.grid_seeds)),
         "seconds": summary(times),
         "times_s": times,
         "solves_mean": statistics.fmean(solves),
@@ -483,7 +487,7 @@ def grid_cell(
 
 def run_grid(cluster: Cluster, settings: Settings, console: Console) -> tuple[dict[str, Any], list[str]]:
     slowdowns, source = slowdown_models()
-    cells = [(f, b) for f in GRID_FREE for b in settings.grid_bidders]
+    cells = [(f, b) for f in GRID_FREE for b in GRID_BIDDERS]
     rows: list[dict[str, Any]] = []
     mismatches: list[str] = []
     with progress_bar(console, "grid", len(cells) * settings.grid_seeds) as advance:
@@ -541,6 +545,7 @@ def run_yardstick(
             rows.append({
                 "cell": cell_name(cell),
                 "instances": len(ours),
+                "seeds": [inst.seed for inst in group],
                 "seconds": summary(ours),
                 "times_s": ours,
                 "readme_reference_median_s": ref,
@@ -595,8 +600,9 @@ def run_backends(
     console.print(table)
     result = {
         "cells": {
-            cell_name(c): {s: {"median_s": statistics.median(times[s][c]), "times_s": times[s][c]} for s in SOLVERS}
-            for c in cells
+            cell_name(c): {"seeds": [inst.seed for inst in group]}
+            | {s: {"median_s": statistics.median(times[s][c]), "times_s": times[s][c]} for s in SOLVERS}
+            for c, group in cells.items()
         },
         "overall_median_s": overall,
     }

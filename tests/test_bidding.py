@@ -1,0 +1,91 @@
+"""Offer -> bid table (D7): bounded, valid, best-locality candidates, rho from the real code."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from agent.appsched import JobInfo, SingleJobApp, SuccessiveHalvingApp
+from agent.bidding import candidate_sets, make_bid, useful_counts
+from agent.fairness import finish_time_fairness
+from agent.placement import model_slowdown
+from arbiter.auction import validate_bid
+from arbiter.cluster import load_cluster
+from protos.messages import Offer
+
+CLUSTER = load_cluster("sim-256")
+
+
+def offer_of(gpus, held=(), now=0.0, n_avg=2.0):
+    return Offer(1, {g: CLUSTER.position(g) for g in gpus}, now, n_avg, CLUSTER.size,
+                 held={g: CLUSTER.position(g) for g in held})
+
+
+def vgg_job(demand):
+    return SingleJobApp(JobInfo(10_000, 1.0, model_slowdown("vgg16"), demand))
+
+
+def test_useful_counts_are_bounded():
+    assert useful_counts(5) == [1, 2, 3, 4, 5]
+    big = useful_counts(256)
+    assert big[:8] == list(range(1, 9)) and big[-1] == 256 and len(big) <= 18
+    assert all(len(useful_counts(n)) <= 18 for n in range(1, 257))
+
+
+def test_rows_are_valid_bounded_and_better_than_rho_old():
+    rng = random.Random(4)
+    free = rng.sample(CLUSTER.gpu_ids, 100)
+    app = SuccessiveHalvingApp([1.0 + k / 10 for k in range(16)], [100] * 5, job_demand_max=4,
+                               slowdown=model_slowdown("lm"))
+    offer = offer_of(free)
+    bid = make_bid(app, offer)
+    validate_bid("lm-app", bid, frozenset(free))
+    assert math.isinf(bid.rho_old)
+    assert 0 < len(bid.rows) <= 7 * len(useful_counts(app.demand_now()))
+    assert all(rho < bid.rho_old for _, rho in bid.rows)
+    for gpus, rho in bid.rows:
+        positions = [CLUSTER.position(g) for g in gpus]
+        assert rho == pytest.approx(finish_time_fairness(app, positions, now=0, n_avg=2.0, cluster_size=256))
+
+
+def test_a_free_machine_yields_a_one_machine_row():
+    free = list(CLUSTER.machines["r0-m0"]) + ["r1-m4-g0", "r2-m8-g0", "r3-m12-g0", "r4-m16-g0"]
+    bid = make_bid(vgg_job(8), offer_of(free))
+    eights = [(g, r) for g, r in bid.rows if len(g) == 8]
+    assert any(g == frozenset(CLUSTER.machines["r0-m0"]) for g, _ in eights)
+    best = min(eights, key=lambda row: row[1])
+    assert best[0] == frozenset(CLUSTER.machines["r0-m0"])  # the consolidated row has the lowest rho
+
+
+def test_alternatives_span_distinct_machines():
+    free = list(CLUSTER.machines["r0-m0"]) + list(CLUSTER.machines["r0-m1"]) + list(CLUSTER.machines["r1-m4"])
+    sets = candidate_sets({g: CLUSTER.position(g) for g in free}, {}, [8], alternatives=2)
+    one_machine = [s for s in sets if len({CLUSTER.gpus[g].machine for g in s}) == 1]
+    assert len({CLUSTER.gpus[next(iter(s))].machine for s in one_machine}) >= 2
+    assert len(sets) == len(set(sets))
+
+
+def test_held_gpus_pull_candidates_to_their_machine():
+    held = list(CLUSTER.machines["r5-m22"])[:4]
+    free = list(CLUSTER.machines["r5-m22"])[4:] + list(CLUSTER.machines["r0-m0"])
+    sets = candidate_sets({g: CLUSTER.position(g) for g in free}, {g: CLUSTER.position(g) for g in held}, [4], 1)
+    assert sets[0] == frozenset(list(CLUSTER.machines["r5-m22"])[4:])
+
+
+def test_rho_old_is_finite_when_holding_and_rows_extend_it():
+    held = list(CLUSTER.machines["r0-m0"])[:2]
+    free = list(CLUSTER.machines["r0-m0"])[2:]
+    app = vgg_job(8)
+    bid = make_bid(app, offer_of(free, held=held))
+    assert math.isfinite(bid.rho_old)
+    assert bid.rho_old == pytest.approx(finish_time_fairness(
+        app, [CLUSTER.position(g) for g in held], now=0, n_avg=2.0, cluster_size=256))
+    assert max(len(g) for g, _ in bid.rows) == 6  # never beyond the remaining demand
+
+
+def test_no_rows_when_demand_is_met():
+    held = list(CLUSTER.machines["r0-m0"])[:2]
+    bid = make_bid(vgg_job(2), offer_of(list(CLUSTER.machines["r0-m1"]), held=held))
+    assert bid.rows == ()

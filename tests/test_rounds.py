@@ -1,0 +1,235 @@
+"""The round engine over many rounds (D5, D6, D9, D10), with agents made of the real fairness and
+bidding code and apps that train on what they hold."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from agent.agent import Agent
+from agent.appsched import JobInfo, SingleJobApp, SuccessiveHalvingApp
+from agent.fairness import job_time, split_allocation
+from agent.placement import load_profiles
+from arbiter.cluster import load_cluster
+from arbiter.policies import make_policy
+from arbiter.policies.themis import filter_worst
+from arbiter.rounds import RoundEngine
+from protos.messages import BidTable, RhoReport
+
+STEP = 20.0
+
+
+def make_apps(rng: random.Random, n: int):
+    profiles = load_profiles()
+    out = []
+    for k in range(n):
+        jobs = rng.choice([2, 4, 8])
+        out.append((
+            f"app{k:02d}",
+            k * 120.0,
+            SuccessiveHalvingApp(
+                [rng.uniform(1, 3) for _ in range(jobs)], [rng.choice([300, 500])] * jobs.bit_length(),
+                job_demand_max=rng.choice([1, 2, 4]), slowdown=profiles[rng.choice(sorted(profiles))].slowdown,
+                start_time=k * 120.0,
+            ),
+        ))
+    return out
+
+
+def train(app: SuccessiveHalvingApp, gpus, dt: float, rng: random.Random) -> None:
+    for job, chunk in split_allocation(app.jobs_in_phase(app.current_phase(), gpus), gpus):
+        app.advance(job.job_id, dt * job.iters_remaining / job_time(job, chunk))
+    if app.phase_done():
+        jobs = app.phase_jobs()
+        rng.shuffle(jobs)
+        app.end_phase(jobs[: max(1, len(jobs) // 2)])
+
+
+def drive(seed: int, n_apps: int = 12, lease_s: float = 300.0, f: float = 0.8):
+    rng = random.Random(seed)
+    cluster = load_cluster("testbed-64")
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=f), lease_s=lease_s, seed=seed)
+    pending = make_apps(rng, n_apps)
+    apps = {name: app for name, _, app in pending}
+    agents = {name: Agent(app) for name, app in apps.items()}
+    holder: dict[str, str] = {}  # our own record of who holds each GPU, from grants/expiries/releases
+    results = []
+    now = 0.0
+    while (pending or engine.apps) and now < 200_000:
+        while pending and pending[0][1] <= now:
+            engine.add_app(pending.pop(0)[0], now)
+        if engine.round_due(now):
+            r = engine.run_round(now, {a: agents[a] for a in engine.apps})
+            for lease in r.expired:
+                assert holder.pop(lease.gpu) == lease.app
+            for g in r.grants:
+                for gpu in g.gpus:
+                    assert gpu not in holder, f"{gpu} granted to {g.app} while {holder.get(gpu)} holds it"
+                    holder[gpu] = g.app
+            results.append(r)
+        for name in sorted(engine.apps):
+            assert {g for g, a in holder.items() if a == name} == engine.held(name)
+            held = [cluster.position(g) for g in sorted(engine.held(name))]
+            if held:
+                train(apps[name], held, STEP, rng)
+            if apps[name].finished():
+                for gpu in engine.remove_app(name, now + STEP):
+                    assert holder.pop(gpu) == name
+        now += STEP
+    return engine, apps, results
+
+
+@pytest.fixture(scope="module")
+def run():
+    return drive(seed=5)
+
+
+def test_every_app_finishes_and_rounds_happen(run):
+    engine, apps, results = run
+    assert not engine.apps
+    assert all(app.finished() for app in apps.values())
+    assert len(results) > 30
+    assert len(engine.leases) == 0
+
+
+def test_no_gpu_idle_while_an_app_has_unmet_demand(run):
+    _, _, results = run
+    for r in results:
+        assert not (r.idle and r.unmet_after), f"round {r.round_id}: {len(r.idle)} idle, unmet {r.unmet_after}"
+
+
+def test_leases_expire_and_their_gpus_are_offered_again(run):
+    _, _, results = run
+    expiring = [r for r in results if r.expired]
+    assert expiring
+    for r in expiring:
+        assert {lease.gpu for lease in r.expired} <= r.offered
+        assert all(lease.expires_at <= r.now for lease in r.expired)
+
+
+def test_bidders_are_the_worst_rho_apps(run):
+    _, _, results = run
+    filtered = 0
+    for r in results:
+        if not r.bidders:
+            continue
+        others = [r.rho[a] for a in r.unmet if a not in r.bidders]
+        assert all(r.rho[b] >= max(others, default=0) for b in r.bidders)
+        assert len(r.bidders) == max(1, math.ceil(0.2 * len(r.unmet) - 1e-9))
+        filtered += 1
+    assert filtered > 10
+
+
+def test_an_app_that_loses_its_leases_is_filtered_in(run):
+    """Paper 3.3.2: losing rounds, an app loses its leases, its rho becomes unbounded and it bids."""
+    _, _, results = run
+    seen = 0
+    for r in results:
+        starving = sorted(a for a in r.unmet if math.isinf(r.rho[a]))
+        if not starving or not r.offered:
+            continue
+        seen += 1
+        slots = len(r.bidders)
+        assert len(set(starving) & set(r.bidders)) == min(slots, len(starving))
+    assert seen > 5
+
+
+def test_no_app_waits_forever(run):
+    _, _, results = run
+    waiting: dict[str, int] = {}
+    for r in results:
+        served = {g.app for g in r.grants} | set(r.bidders)
+        for app in r.unmet_after:
+            waiting[app] = 0 if app in served else waiting.get(app, 0) + 1
+            assert waiting[app] <= 12, f"{app} went {waiting[app]} rounds with unmet demand and no offer"
+
+
+def test_the_same_seed_gives_the_same_rounds():
+    _, _, a = drive(seed=9, n_apps=6)
+    _, _, b = drive(seed=9, n_apps=6)
+    assert [(r.now, r.grants) for r in a] == [(r.now, r.grants) for r in b]
+
+
+# -- D5, D6, D10 by hand ------------------------------------------------------------------------
+
+
+def small_engine(**kw):
+    cluster = load_cluster("testbed-64").subcluster(["r0-m0", "r0-m4"])  # 2 + 4 GPUs
+    return RoundEngine(cluster, make_policy("themis", **kw.pop("policy", {})), **kw)
+
+
+def test_n_avg_is_the_time_weighted_number_of_apps():
+    e = small_engine()
+    e.add_app("a", 0)
+    e.add_app("b", 100)
+    e.add_app("c", 200)
+    e.remove_app("b", 300)
+    # a: 1 app for 100 s, 2 for 100 s, 3 for 100 s, 2 for 100 s -> 800 / 400
+    assert e.n_avg("a", 400) == pytest.approx(2.0)
+    assert e.n_avg("c", 400) == pytest.approx((3 * 100 + 2 * 100) / 200)
+    assert e.n_avg("c", 200) == 2.0  # at arrival: the apps active now
+
+
+def test_filter_takes_the_worst_fraction():
+    rho = {f"a{k}": float(k) for k in range(10)}
+    assert filter_worst(rho, 0.8) == ["a9", "a8"]
+    assert filter_worst(rho, 0.0) == sorted(rho, key=lambda a: -rho[a])
+    assert filter_worst({"x": 1.0}, 0.95) == ["x"]
+    with pytest.raises(ValueError):
+        filter_worst(rho, 1.0)
+
+
+def test_rounds_are_due_on_events_after_the_coalescing_window():
+    e = small_engine(coalesce_s=5, lease_s=100)
+    assert e.next_wakeup() is None
+    e.add_app("a", 10)  # arrival while GPUs are free
+    assert e.next_wakeup() == 15 and not e.round_due(14) and e.round_due(15)
+    agent = Agent(SingleJobApp(JobInfo(1000, 1.0, demand_max=2)))
+    r = e.run_round(15, {"a": agent})
+    assert [len(g.gpus) for g in r.grants] == [2]
+    assert e.next_wakeup() == 115 + 5  # the lease expiry, coalesced
+    e.release("a", list(e.held("a"))[:1], 50)
+    assert e.next_wakeup() == 55
+
+
+class Scripted:
+    """An agent that answers with fixed values (for hostile-input tests)."""
+
+    def __init__(self, rho=2.0, demand=2, bid=None, fail=False):
+        self.rho, self.demand, self.table, self.fail = rho, demand, bid, fail
+
+    def report(self, request):
+        if self.fail:
+            raise RuntimeError("agent crashed")
+        return RhoReport(self.rho, self.demand)
+
+    def bid(self, offer):
+        return self.table(offer) if callable(self.table) else self.table
+
+
+def test_bad_bids_and_failing_agents_do_not_stop_the_round():
+    e = small_engine(policy={"fairness_knob": 0.0})
+    for app in ("good", "liar", "crash", "nan"):
+        e.add_app(app, 0)
+    agents = {
+        "good": Scripted(rho=3.0, bid=lambda o: BidTable(3.0, ((frozenset(list(o.gpus)[:2]), 1.0),))),
+        "liar": Scripted(rho=3.0, bid=BidTable(3.0, ((frozenset({"not-a-gpu"}), 0.1),))),
+        "crash": Scripted(fail=True),
+        "nan": Scripted(rho=3.0, bid=BidTable(float("nan"), ())),
+    }
+    r = e.run_round(1, agents)
+    assert "not offered" in r.rejected["liar"]
+    assert "crashed" in r.rejected["crash"]
+    assert "rho_old" in r.rejected["nan"]
+    assert {g.app for g in r.grants} >= {"good"}
+    granted = [gpu for g in r.grants for gpu in g.gpus]
+    assert len(granted) == len(set(granted))
+
+
+def test_a_report_with_nan_rho_is_refused():
+    e = small_engine()
+    e.add_app("a", 0)
+    r = e.run_round(1, {"a": Scripted(rho=float("nan"))})
+    assert "rho must be > 0" in r.rejected["a"] and r.grants == ()
