@@ -25,14 +25,14 @@ def make_apps(rng: random.Random, n: int):
     profiles = load_profiles()
     out = []
     for k in range(n):
-        jobs = rng.choice([2, 4, 8])
+        jobs = rng.choice([4, 8, 16])
         out.append((
             f"app{k:02d}",
-            k * 120.0,
+            k * 60.0,
             SuccessiveHalvingApp(
                 [rng.uniform(1, 3) for _ in range(jobs)], [rng.choice([300, 500])] * jobs.bit_length(),
-                job_demand_max=rng.choice([1, 2, 4]), slowdown=profiles[rng.choice(sorted(profiles))].slowdown,
-                start_time=k * 120.0,
+                job_demand_max=rng.choice([2, 4, 8]), slowdown=profiles[rng.choice(sorted(profiles))].slowdown,
+                start_time=k * 60.0,
             ),
         ))
     return out
@@ -141,7 +141,7 @@ def test_no_app_waits_forever(run):
     waiting: dict[str, int] = {}
     for r in results:
         served = {g.app for g in r.grants} | set(r.bidders)
-        for app in r.unmet_after:
+        for app in r.unmet:
             waiting[app] = 0 if app in served else waiting.get(app, 0) + 1
             assert waiting[app] <= 12, f"{app} went {waiting[app]} rounds with unmet demand and no offer"
 
