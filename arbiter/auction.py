@@ -368,7 +368,7 @@ def _served_and_value(comp: _Component, choice: Sequence[int], skip: int) -> tup
 
 
 def _hidden_payments(
-    comp: _Component, solver: _ComponentSolver, choice: list[int], pool: ThreadPoolExecutor | None
+    comp: _Component, solver: _ComponentSolver, choice: list[int], workers: int
 ) -> list[float]:
     """c_i for each app of the component (D8), skipping re-solves where c_i = 1 is provable.
 
@@ -395,7 +395,11 @@ def _hidden_payments(
             return i, 0.0
         return i, math.exp(min(0.0, with_i - max(without_i, with_i)))
 
-    results = pool.map(resolve, todo) if pool is not None and len(todo) > 1 else map(resolve, todo)
+    if workers > 1 and len(todo) > 1 and not solver.enumerate:
+        with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+            results = list(pool.map(resolve, todo))
+    else:
+        results = [resolve(i) for i in todo]
     for i, ci in results:
         out[i] = ci
     return out
@@ -477,22 +481,17 @@ def run_auction(
     c: dict[str, float] = {app: 1.0 for app in bids}
     solves = 0
     n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
-    pool = ThreadPoolExecutor(n_workers) if n_workers > 1 else None
-    try:
-        for comp in _components(weighted, starving):
-            solver_ = _ComponentSolver(comp, solver)
-            _, choice = solver_.solve()
-            for app, rows, r in zip(comp.apps, comp.rows, choice):
-                if r >= 0:
-                    gpus, rho = bids[app].rows[rows[r][2]]
-                    pf[app] = frozenset(gpus)
-                    pf_rho[app] = float(rho)
-            for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice, pool)):
-                c[app] = ci
-            solves += solver_.solves
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    for comp in _components(weighted, starving):
+        solver_ = _ComponentSolver(comp, solver)
+        _, choice = solver_.solve()
+        for app, rows, r in zip(comp.apps, comp.rows, choice):
+            if r >= 0:
+                gpus, rho = bids[app].rows[rows[r][2]]
+                pf[app] = frozenset(gpus)
+                pf_rho[app] = float(rho)
+        for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice, n_workers)):
+            c[app] = ci
+        solves += solver_.solves
 
     rng = random.Random(seed)
     granted: dict[str, frozenset[str]] = {}
