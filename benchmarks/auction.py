@@ -63,11 +63,11 @@ Cell = tuple[int, int]  # (free GPUs, bidders)
 GRID_FREE = (16, 64, 256)
 GRID_BIDDERS = (4, 8, 16, 32)
 CLUSTER = "sim-256"
-DEFAULT_INSTANCES = Path("/work/shared/data/auction-instances/instances.json")
+DEFAULT_INSTANCES = Path(__file__).resolve().parents[2] / "shared" / "data" / "auction-instances" / "instances.json"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "auction.json"
 
 # Median time of a full round (PF solve + one re-solve per winner) with a plain PuLP + CBC model,
-# from the table in /work/shared/data/auction-instances/README.md. Cells it does not list have none.
+# from the table in shared/data/auction-instances/README.md (beside this repository). Cells it does not list have none.
 REFERENCE_MEDIAN_S: dict[Cell, float] = {
     (16, 4): 0.16,
     (64, 4): 0.23,
@@ -227,7 +227,9 @@ class TimedAuction:
     outcome: AuctionOutcome
 
 
-def timed_auction(inst: AuctionInstance, position: Callable[[str], Position], solver: str = DEFAULT_SOLVER) -> TimedAuction:
+def timed_auction(
+    inst: AuctionInstance, position: Callable[[str], Position], solver: str = DEFAULT_SOLVER
+) -> TimedAuction:
     start = time.perf_counter()
     outcome = run_auction(inst.offered, inst.bids, seed=inst.seed, solver=solver, position=position)
     return TimedAuction(time.perf_counter() - start, outcome)
@@ -248,9 +250,6 @@ class PfValue:
 
     def matches(self, other: PfValue) -> bool:
         return self.served_inf == other.served_inf and abs(self.log_sum - other.log_sum) <= OBJECTIVE_TOL
-
-    def to_json(self) -> dict[str, float]:
-        return {"served_inf": self.served_inf, "log_sum": self.log_sum}
 
 
 def log_gain(bid: BidTable, rho: float) -> float:
@@ -371,7 +370,8 @@ def load_yardstick(path: Path) -> list[AuctionInstance]:
             app: BidTable(float(b["rho_old"]), tuple((frozenset(gpus), float(rho)) for gpus, rho in b["rows"]))
             for app, b in item["bids"].items()
         }
-        out.append(AuctionInstance(item["free_gpus"], item["bidders"], item["seed"], frozenset(item["offered"]), bids))
+        offered = frozenset(item["offered"])
+        out.append(AuctionInstance(item["free_gpus"], item["bidders"], item["seed"], offered, bids))
     return out
 
 
@@ -556,13 +556,15 @@ def run_yardstick(
                 "checked_against_plain": checked,
             })
     table = Table(title=f"Part B: yardstick instances (default solver {DEFAULT_SOLVER!r})")
-    for col in ("cell", "n", "median", "max", "README ref", "ours/README", "plain same run", "ours/plain", "checked"):
+    columns = ("cell", "n", "median", "max", "README ref", "ours/README", "plain same run", "ours/plain", "checked")
+    for col in columns:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
             r["cell"], str(r["instances"]), fmt_s(r["seconds"]["median"]), fmt_s(r["seconds"]["max"]),
             fmt_s(r["readme_reference_median_s"]), fmt_ratio(r["ratio_to_readme"]),
-            fmt_s(r["plain_same_run_median_s"]), fmt_ratio(r["ratio_to_plain_same_run"]), str(r["checked_against_plain"]),
+            fmt_s(r["plain_same_run_median_s"]), fmt_ratio(r["ratio_to_plain_same_run"]),
+            str(r["checked_against_plain"]),
         )
     console.print(table)
     return {"cells": rows, "plain_limit_s": None if settings.plain_all else PLAIN_DEFAULT_LIMIT_S}, mismatches
@@ -617,7 +619,8 @@ PARTS = ("grid", "yardstick", "backends")
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 instances per cell, 1 per backend cell (under a minute)")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 instances per cell, 1 per backend cell (under a minute)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument("--instances", type=Path, default=DEFAULT_INSTANCES, help="yardstick instances.json")
