@@ -133,6 +133,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     phase: int = 1
     _running: dict[str, float] = field(default_factory=dict)  # job id -> iterations left
     _times: dict[str, float] = field(default_factory=dict)  # job id -> serial iteration time
+    _phase_cache: dict[int, list[JobInfo]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.iter_times)
@@ -157,20 +158,29 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
         return self.phase
 
     def jobs_in_phase(self, phase: int, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        """This app's jobs do not depend on the allocation, so each phase's list is built once
+        per change of progress (bids ask for it once per candidate shape and phase)."""
         if phase < self.phase or phase > self.num_phases():
             return []
+        cached = self._phase_cache.get(phase)
+        if cached is not None:
+            return cached
         if phase == self.phase:
-            return [
+            jobs = [
                 JobInfo(left, self._times[j], self.slowdown, self.job_demand_max, j)
                 for j, left in self._running.items()
                 if left > 0
             ]
-        median = statistics.median(self._times[j] for j in self._running)
-        count = max(1, len(self.iter_times) // 2 ** (phase - 1))
-        return [
-            JobInfo(float(self.iterations[phase - 1]), median, self.slowdown, self.job_demand_max, f"p{phase}-{k}")
-            for k in range(count)
-        ]
+        else:
+            median = statistics.median(self._times[j] for j in self._running)
+            count = max(1, len(self.iter_times) // 2 ** (phase - 1))
+            jobs = [
+                JobInfo(float(self.iterations[phase - 1]), median, self.slowdown, self.job_demand_max,
+                        f"p{phase}-{k}")
+                for k in range(count)
+            ]
+        self._phase_cache[phase] = jobs
+        return jobs
 
     def budget(self) -> float:
         """B: the given budget, else the planned work at median speed (paper 4.3.3 uses 10,000)."""
@@ -204,18 +214,20 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
 
     def advance(self, job_id: str, iterations: float) -> None:
         self._running[job_id] = max(0.0, self._running[job_id] - iterations)
+        self._phase_cache.pop(self.phase, None)
 
     def end_phase(self, survivors: Sequence[str]) -> None:
         """Close the current phase, keeping ``survivors`` (the better half) for the next one."""
         if self.phase > self.num_phases():
             raise ValueError("the app has already finished")
+        unknown = [j for j in survivors if j not in self._running]
+        if unknown:
+            raise ValueError(f"survivors {unknown} are not jobs of phase {self.phase}")
+        self._phase_cache.clear()
         self.phase += 1
         if self.phase > self.num_phases():
             self._running = {}
             return
-        unknown = [j for j in survivors if j not in self._times]
-        if unknown:
-            raise ValueError(f"unknown jobs {unknown}")
         self._running = {j: float(self.iterations[self.phase - 1]) for j in survivors}
 
 

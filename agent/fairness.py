@@ -91,33 +91,34 @@ def _pack_makespan(durations: Sequence[float], n_bins: int) -> float:
     return best
 
 
-def _densest_first(gpus: Sequence[Position]) -> list[Position]:
+def densest_first(gpus: Sequence[Position]) -> list[Position]:
     """GPUs ordered rack by rack, machine by machine, slot by slot, biggest groups first.
 
-    Contiguous runs of this order have the best locality the set allows, and the order depends
-    only on the set's shape, so rho does too (``agent.placement.canonical_shape``).
+    Contiguous runs of this order have the best locality the set allows. Groups of equal size are
+    ordered by their inner structure, never by name, so the order -- and so rho -- depends only on
+    the set's shape (``agent.placement.canonical_shape``).
     """
     tree: dict[str, dict[str, dict[str, list[Position]]]] = {}
     for p in gpus:
         tree.setdefault(p[0], {}).setdefault(p[1], {}).setdefault(p[2], []).append(p)
+    racks = []
+    for rack in tree.values():
+        machines = []
+        for machine in rack.values():
+            slots = sorted(machine.values(), key=len, reverse=True)
+            machines.append(((sum(map(len, slots)), tuple(map(len, slots))), slots))
+        machines.sort(key=lambda m: m[0], reverse=True)
+        racks.append(((sum(m[0][0] for m in machines), tuple(m[0] for m in machines)), machines))
+    racks.sort(key=lambda r: r[0], reverse=True)
+    return [p for _, machines in racks for _, slots in machines for slot in slots for p in slot]
 
-    def size(node) -> int:
-        return len(node) if isinstance(node, list) else sum(size(v) for v in node.values())
 
-    out: list[Position] = []
-    for rack in sorted(tree.values(), key=size, reverse=True):
-        for machine in sorted(rack.values(), key=size, reverse=True):
-            for slot in sorted(machine.values(), key=len, reverse=True):
-                out.extend(slot)
-    return out
-
-
-def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> float:
+def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bool = False) -> float:
     """Time for ``jobs`` to all finish on ``gpus`` (D3): T_sh(i) = max over jobs.
 
-    With at least as many GPUs as jobs, each job gets a contiguous run of the position-sorted GPUs
-    (contiguous keeps each job's locality as good as the set allows); with fewer GPUs than jobs,
-    jobs queue one GPU each, packed for the smallest makespan.
+    With at least as many GPUs as jobs, each job gets a contiguous run of the densest-first order
+    (``ordered=True`` says ``gpus`` already is in that order); with fewer GPUs than jobs, jobs queue
+    one GPU each, packed for the smallest makespan.
     """
     live = [j for j in jobs if j.iters_remaining > 0]
     if not live:
@@ -125,40 +126,43 @@ def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> float:
     if not gpus:
         return INFINITY
     if len(gpus) >= len(live):
-        return max(job_time(job, chunk) for job, chunk in split_allocation(live, gpus))
+        return max(job_time(job, chunk) for job, chunk in split_allocation(live, gpus, ordered=ordered))
     return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
 
 
-def split_allocation(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> list[tuple[JobInfo, list[Position]]]:
+def split_allocation(
+    jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bool = False
+) -> list[tuple[JobInfo, list[Position]]]:
     """Which GPUs each job runs on now (D3): an even split in contiguous runs of the densest-first
     order when there are at least as many GPUs as jobs; otherwise the longest jobs get one GPU each
     and the rest wait. Jobs that get nothing are left out."""
     live = [j for j in jobs if j.iters_remaining > 0]
-    ordered = _densest_first(gpus)
-    if not live or not ordered:
+    order = list(gpus) if ordered else densest_first(gpus)
+    if not live or not order:
         return []
-    if len(ordered) < len(live):
+    if len(order) < len(live):
         longest = sorted(live, key=lambda j: -j.iters_remaining * j.iter_time_serial)
-        return [(job, [g]) for job, g in zip(longest, ordered)]
-    counts = _split_counts(live, len(ordered))
+        return [(job, [g]) for job, g in zip(longest, order)]
+    counts = _split_counts(live, len(order))
     out, start = [], 0
     for k in sorted(range(len(live)), key=lambda k: -counts[k]):
-        out.append((live[k], ordered[start : start + counts[k]]))
+        out.append((live[k], order[start : start + counts[k]]))
         start += counts[k]
     return out
 
 
 def shared_time_left(app: AppScheduler, gpus: Sequence[Position]) -> float:
     """T_sh minus the time already elapsed: what is left to run under allocation ``gpus``."""
+    order = densest_first(gpus)
     if isinstance(app, SuccessiveHalvingScheduler):
         total = 0.0
         for phase in range(app.current_phase(), app.num_phases() + 1):
-            total += phase_time(app.jobs_in_phase(phase, gpus), gpus)
+            total += phase_time(app.jobs_in_phase(phase, gpus), order, ordered=True)
             if total == INFINITY:
                 break
         return total
     if isinstance(app, CurveStoppingScheduler):
-        return phase_time(app.jobs_remaining(gpus), gpus)
+        return phase_time(app.jobs_remaining(gpus), order, ordered=True)
     raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
 
 
