@@ -155,3 +155,22 @@ def test_curve_job_stops_when_its_curve_flattens():
     for k in range(10, 210, 10):
         app.report("a", k, optimus_curve(k))
     assert app.jobs[0].stopped and app.finished()
+
+
+def test_rho_depends_only_on_the_shape_of_the_allocation():
+    """Renaming racks, machines and slots never changes rho (bids cache on the shape)."""
+    import random as _random
+
+    rng = _random.Random(3)
+    app = SuccessiveHalvingApp([1.0, 1.5, 2.0, 2.5, 3.0], [50, 80, 100], job_demand_max=3,
+                               slowdown=(1.0, 1.1, 1.6, 2.4))
+    for _ in range(200):
+        gpus = [(f"r{rng.randrange(3)}", f"m{rng.randrange(3)}", f"s{rng.randrange(2)}") for _ in range(rng.randrange(1, 9))]
+        racks = {r: f"R{rng.random()}" for r, _, _ in gpus}
+        machines = {m: f"M{rng.random()}" for _, m, _ in gpus}
+        slots = {s: f"S{rng.random()}" for _, _, s in gpus}
+        renamed = [(racks[r], machines[m], slots[s]) for r, m, s in gpus]
+        rng.shuffle(renamed)
+        a = finish_time_fairness(app, gpus, now=10, n_avg=2, cluster_size=64)
+        b = finish_time_fairness(app, renamed, now=10, n_avg=2, cluster_size=64)
+        assert a == pytest.approx(b, rel=1e-12)
