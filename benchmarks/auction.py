@@ -53,9 +53,10 @@ from rich.table import Table
 
 from agent.appsched import SuccessiveHalvingApp
 from agent.bidding import make_bid
-from agent.placement import Slowdown, load_profiles
+from agent.placement import Slowdown
 from arbiter.auction import DEFAULT_SOLVER, SOLVERS, AuctionOutcome, run_auction
 from arbiter.cluster import Cluster, load_cluster
+from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from protos.messages import BidTable, Offer, Position
 
 Cell = tuple[int, int]  # (free GPUs, bidders)
@@ -82,11 +83,6 @@ BACKEND_CELLS: tuple[Cell, ...] = ((16, 4), (64, 4), (64, 8), (16, 16))
 
 # Used when agent/profiles/slowdowns.toml cannot be loaded: a locality-sensitive model (VGG-like),
 # an insensitive one (ResNet-like) and one in between; S by D1 level (slot, machine, rack, cluster).
-FALLBACK_SLOWDOWNS: tuple[Slowdown, ...] = (
-    (1.0, 1.0, 1.4, 1.9),
-    (1.0, 1.0, 1.05, 1.1),
-    (1.0, 1.05, 1.2, 1.5),
-)
 
 OBJECTIVE_TOL = 1e-6  # log-space tolerance when comparing PF values and hidden payments
 GRID_PLAIN_MAX_BIDDERS = 16  # grid cells checked against the plain model by default
@@ -143,31 +139,6 @@ class AuctionInstance:
     @property
     def cell(self) -> Cell:
         return (self.free_gpus, self.bidders)
-
-
-def slowdown_models() -> tuple[list[Slowdown], str]:
-    """The shipped model profiles' slowdowns, or the fallback tuples if they cannot be loaded."""
-    try:
-        profiles = load_profiles()
-    except (OSError, ValueError) as exc:
-        return list(FALLBACK_SLOWDOWNS), f"fallback ({type(exc).__name__}: {exc})"
-    return [profiles[name].slowdown for name in sorted(profiles)], "agent/profiles/slowdowns.toml"
-
-
-def fragmented_free(cluster: Cluster, n_free: int, rng: random.Random) -> frozenset[str]:
-    """``n_free`` free GPUs, machine by machine in random order, most of each machine free."""
-    machines = list(cluster.machines.values())
-    rng.shuffle(machines)
-    free: list[str] = []
-    for gpus in machines:
-        if len(free) == n_free:
-            break
-        share = rng.uniform(0.6, 1.0)
-        free.extend(rng.sample(gpus, min(n_free - len(free), max(1, round(share * len(gpus))))))
-    taken = set(free)
-    rest = [g for g in cluster.gpu_ids if g not in taken]
-    free.extend(rng.sample(rest, n_free - len(free)))  # only when nearly all of the cluster is free
-    return frozenset(free)
 
 
 def random_app(rng: random.Random, slowdown: Slowdown, now: float) -> SuccessiveHalvingApp:
@@ -442,7 +413,7 @@ def machine_info() -> dict[str, Any]:
 
 def warm_up(cluster: Cluster) -> None:
     """Import and initialise every backend once so the first timed auction pays no set-up."""
-    slowdowns, _ = slowdown_models()
+    slowdowns = slowdown_models()
     inst = grid_instance(cluster, (16, 4), 0, slowdowns)
     for solver in SOLVERS:
         timed_auction(inst, cluster.position, solver)
@@ -486,7 +457,7 @@ def grid_cell(
 
 
 def run_grid(cluster: Cluster, settings: Settings, console: Console) -> tuple[dict[str, Any], list[str]]:
-    slowdowns, source = slowdown_models()
+    slowdowns, source = slowdown_models(), PROFILE_SOURCE
     cells = [(f, b) for f in GRID_FREE for b in GRID_BIDDERS]
     rows: list[dict[str, Any]] = []
     mismatches: list[str] = []

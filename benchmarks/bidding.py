@@ -36,8 +36,9 @@ from rich.table import Table
 
 from agent.appsched import SuccessiveHalvingApp
 from agent.bidding import make_bid
-from agent.placement import NO_SLOWDOWN, Slowdown, load_profiles
+from agent.placement import Slowdown
 from arbiter.cluster import Cluster, load_cluster
+from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from protos.messages import Offer
 
 CLUSTER = "sim-256"
@@ -48,11 +49,6 @@ PAPER_MEDIAN_MS, PAPER_P95_MS = 29.0, 334.0
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bidding.json"
 
 # Used when agent/profiles/slowdowns.toml cannot be loaded (same tuples as benchmarks/auction.py).
-FALLBACK_SLOWDOWNS: tuple[Slowdown, ...] = (
-    (1.0, 1.0, 1.4, 1.9),
-    (1.0, 1.0, 1.05, 1.1),
-    (1.0, 1.05, 1.2, 1.5),
-)
 
 
 @dataclass(frozen=True)
@@ -60,30 +56,6 @@ class Sample:
     ms: float
     rows: int
     held: int
-
-
-def slowdown_models() -> tuple[list[Slowdown], str]:
-    try:
-        profiles = load_profiles()
-    except (OSError, ValueError) as exc:
-        return list(FALLBACK_SLOWDOWNS), f"fallback ({type(exc).__name__}: {exc})"
-    return [profiles[name].slowdown for name in sorted(profiles)] or [NO_SLOWDOWN], "agent/profiles/slowdowns.toml"
-
-
-def fragmented_free(cluster: Cluster, n_free: int, rng: random.Random) -> frozenset[str]:
-    """``n_free`` free GPUs, machine by machine in random order, most of each machine free."""
-    machines = list(cluster.machines.values())
-    rng.shuffle(machines)
-    free: list[str] = []
-    for gpus in machines:
-        if len(free) == n_free:
-            break
-        share = rng.uniform(0.6, 1.0)
-        free.extend(rng.sample(gpus, min(n_free - len(free), max(1, round(share * len(gpus))))))
-    taken = set(free)
-    rest = [g for g in cluster.gpu_ids if g not in taken]
-    free.extend(rng.sample(rest, n_free - len(free)))  # only when nearly all of the cluster is free
-    return frozenset(free)
 
 
 def app_with_demand(demand: int, rng: random.Random, slowdown: Slowdown, now: float) -> SuccessiveHalvingApp:
@@ -187,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not console.is_terminal:  # a log file: wide enough for the table
         console = Console(width=160)
     cluster = load_cluster(CLUSTER)
-    slowdowns, source = slowdown_models()
+    slowdowns, source = slowdown_models(), PROFILE_SOURCE
     sample(cluster, 16, 4, -1, slowdowns)  # warm-up: imports and first-call costs
     cells = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
