@@ -11,8 +11,14 @@ from dataclasses import dataclass
 
 from agent.appsched import AppScheduler
 from agent.bidding import DEFAULT_ALTERNATIVES, make_bid
-from agent.fairness import finish_time_fairness
+from agent.fairness import finish_time_fairness, shared_time_left
+from agent.placement import Position
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
+
+
+def packed(n: int) -> list[Position]:
+    """n GPUs on one machine, one slot each: the well-placed allocation SRTF's report assumes."""
+    return [("r", "m", f"s{k}") for k in range(n)]
 
 
 @dataclass
@@ -21,6 +27,7 @@ class Agent:
     alternatives: int = DEFAULT_ALTERNATIVES
 
     def report(self, request: RhoRequest) -> RhoReport:
+        """Rho with what the app holds (D2-D4), its demand, and what the baselines ask for."""
         rho = finish_time_fairness(
             self.app,
             list(request.held.values()),
@@ -28,7 +35,14 @@ class Agent:
             n_avg=request.n_avg,
             cluster_size=request.cluster_size,
         )
-        return RhoReport(rho, self.app.demand_now())
+        demand = self.app.demand_now()
+        return RhoReport(
+            rho,
+            demand,
+            remaining_s=shared_time_left(self.app, packed(demand)),
+            slowdown=self.app.placement_slowdown(),
+            loss_decrease=self.app.loss_decrease_rate(),
+        )
 
     def bid(self, offer: Offer) -> BidTable:
         return make_bid(self.app, offer, alternatives=self.alternatives)

@@ -60,6 +60,15 @@ class AppScheduler(ABC):
     def finished(self) -> bool:
         return self.demand_now() == 0
 
+    def placement_slowdown(self) -> Slowdown:
+        """The app's sensitivity to placement, S by D1 level (what Gandiva's policy asks for)."""
+        return getattr(self, "slowdown", NO_SLOWDOWN)
+
+    def loss_decrease_rate(self) -> float:
+        """Expected loss decrease per GPU-second from here on (what SLAQ's policy asks for);
+        0 when the app does not track its loss."""
+        return 0.0
+
 
 class SuccessiveHalvingScheduler(AppScheduler):
     """Figure 8, successive halving: phases of shrinking job sets (D3)."""
@@ -105,6 +114,9 @@ class SingleJobApp(CurveStoppingScheduler):
 
     def demand_now(self) -> int:
         return self.job.demand_max if self.job.iters_remaining > 0 else 0
+
+    def placement_slowdown(self) -> Slowdown:
+        return self.job.slowdown
 
     def advance(self, iterations: float) -> None:
         """Record progress (the simulator and the launcher call this)."""

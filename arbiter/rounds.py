@@ -76,6 +76,7 @@ class AgentPort(Protocol):
 class _AppState:
     arrived: float
     contention_at_arrival: float
+    attained: float = 0.0  # GPU-seconds held up to the engine's clock
 
 
 class RoundEngine:
@@ -110,9 +111,14 @@ class RoundEngine:
     # -- apps and N_avg (D5) -------------------------------------------------------------
 
     def _advance(self, now: float) -> None:
+        """Move the engine's clock, integrating contention (D5) and attained GPU service."""
         if now < self._clock:
             raise ValueError(f"time went backwards: {now} < {self._clock}")
-        self._contention += len(self.apps) * (now - self._clock)
+        dt = now - self._clock
+        if dt:
+            self._contention += len(self.apps) * dt
+            for app, state in self.apps.items():
+                state.attained += len(self.leases.held_by(app)) * dt
         self._clock = now
 
     def add_app(self, app: str, now: float) -> None:
@@ -139,10 +145,18 @@ class RoundEngine:
         """The app gives GPUs back before their leases end (its jobs finished)."""
         if app not in self.apps:
             raise UnknownApp(app)
+        self._advance(now)
         freed = self.leases.release(app, gpus)
         if freed:
             self._note(now)
         return freed
+
+    def attained(self, app: str, now: float) -> float:
+        """GPU-seconds the app has held since it arrived (Tiresias's attained service)."""
+        state = self.apps.get(app)
+        if state is None:
+            raise UnknownApp(app)
+        return state.attained + len(self.leases.held_by(app)) * max(0.0, now - self._clock)
 
     def n_avg(self, app: str, now: float) -> float:
         """D5: time-weighted average number of active apps (itself included) since it arrived."""
@@ -288,6 +302,9 @@ class OpenRound:
             position=cluster.position,
             rng=self._rng,
             seed=self._rng.randrange(2**31),
+            reports=dict(self._reports),
+            attained={app: self.engine.attained(app, self.now) for app in self.engine.apps},
+            arrived={app: state.arrived for app, state in self.engine.apps.items()},
         )
 
     def offers(self) -> dict[str, Offer]:

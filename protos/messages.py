@@ -51,7 +51,16 @@ class RhoRequest:
 
 @dataclass(frozen=True)
 class RhoReport:
-    """An app's answer: rho with what it holds now, and how many GPUs it could use in all."""
+    """An app's answer: rho with what it holds now, and how many GPUs it could use in all.
+
+    The other fields are what the baseline policies allocate by (paper 6.1: "all apps report X"):
+    ``remaining_s``, the time the app still needs if it got its whole demand, well placed
+    (Optimus's SRTF); ``slowdown``, its placement sensitivity by D1 level (Gandiva); and
+    ``loss_decrease``, the loss it expects to shed per GPU-second (SLAQ). Themis reads only rho.
+    """
 
     rho: float
     demand: int
+    remaining_s: float = math.inf
+    slowdown: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
+    loss_decrease: float = 0.0

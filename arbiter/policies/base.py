@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from arbiter.auction import AuctionOutcome
-from protos.messages import BidTable, Position
+from protos.messages import BidTable, Position, RhoReport
 
 
 @dataclass(frozen=True)
 class RoundContext:
+    """What a policy may look at in one round."""
+
     round_id: int
     now: float
     free: frozenset[str]
@@ -29,6 +31,9 @@ class RoundContext:
     position: Callable[[str], Position]
     rng: random.Random
     seed: int
+    reports: Mapping[str, RhoReport] = field(default_factory=dict)  # this round's reports
+    attained: Mapping[str, float] = field(default_factory=dict)  # GPU-seconds held so far (LAS)
+    arrived: Mapping[str, float] = field(default_factory=dict)  # arrival times (FIFO)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class Policy(ABC):
 
     @abstractmethod
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
-        """Which of the apps that reported get this round's offer."""
+        """Which of the apps with unmet demand get this round's offer (none: the policy allocates
+        from the reports in ``ctx`` alone)."""
 
     @abstractmethod
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
