@@ -93,35 +93,57 @@ class CurveStoppingScheduler(AppScheduler):
 
 
 @dataclass
-class SingleJobApp(CurveStoppingScheduler):
-    """One training job of known length: Eq. 1 (D2) is D4 with one job whose end is known."""
+class FixedJobsApp(CurveStoppingScheduler):
+    """Jobs of known length that all run to completion (a trace's jobs; D2 for each job, D4 with
+    exact ends). ``jobs`` give each job's full length in ``iters_remaining``."""
 
-    job: JobInfo
+    jobs: Sequence[JobInfo]
     start_time: float = 0.0
-    iters_total: float = field(init=False)
-
-    def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
-        return [self.job] if self.job.iters_remaining > 0 else []
-
-    def budget(self) -> float:
-        return self.iters_total * self.job.iter_time_serial
 
     def __post_init__(self) -> None:
-        self.iters_total = self.job.iters_remaining
+        if not self.jobs:
+            raise ValueError("an app needs at least one job")
+        ids = [j.job_id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"job ids must be unique, got {ids}")
+        self._left = {j.job_id: j.iters_remaining for j in self.jobs}
+        self._work = sum(j.iters_remaining * j.iter_time_serial for j in self.jobs)
+        self._cache: list[JobInfo] | None = None
+
+    def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        if self._cache is None:
+            self._cache = [
+                replace(j, iters_remaining=self._left[j.job_id]) for j in self.jobs if self._left[j.job_id] > 0
+            ]
+        return self._cache
+
+    def budget(self) -> float:
+        return self._work
 
     def demand_max(self) -> int:
-        return self.job.demand_max
+        return sum(j.demand_max for j in self.jobs)
 
     def demand_now(self) -> int:
-        return self.job.demand_max if self.job.iters_remaining > 0 else 0
+        return sum(j.demand_max for j in self.jobs if self._left[j.job_id] > 0)
 
     def placement_slowdown(self) -> Slowdown:
-        return self.job.slowdown
+        return self.jobs[0].slowdown
 
-    def advance(self, iterations: float) -> None:
+    def advance(self, job_id: str, iterations: float) -> None:
         """Record progress (the simulator and the launcher call this)."""
-        left = max(0.0, self.job.iters_remaining - iterations)
-        self.job = replace(self.job, iters_remaining=left)
+        self._left[job_id] = max(0.0, self._left[job_id] - iterations)
+        self._cache = None
+
+
+class SingleJobApp(FixedJobsApp):
+    """One training job of known length: Eq. 1 (D2)."""
+
+    def __init__(self, job: JobInfo, start_time: float = 0.0):
+        super().__init__([job], start_time)
+
+    @property
+    def job(self) -> JobInfo:
+        return self.jobs_remaining(())[0] if self.demand_now() else replace(self.jobs[0], iters_remaining=0.0)
 
 
 @dataclass
@@ -142,6 +164,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     start_time: float = 0.0
     app_demand: int | None = None
     budget_gpu_seconds: float | None = None
+    job_ids: Sequence[str] | None = None  # default job0, job1, ...
     phase: int = 1
     _running: dict[str, float] = field(default_factory=dict)  # job id -> iterations left
     _times: dict[str, float] = field(default_factory=dict)  # job id -> serial iteration time
@@ -159,8 +182,11 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
             raise ValueError("iteration times must be finite and > 0")
         if any(not (i > 0 and math.isfinite(i)) for i in self.iterations):
             raise ValueError("iterations per phase must be finite and > 0")
+        ids = list(self.job_ids) if self.job_ids is not None else [f"job{k}" for k in range(n)]
+        if len(ids) != n or len(set(ids)) != n:
+            raise ValueError("job_ids must be unique, one per iteration time")
         if not self._running:
-            self._times = {f"job{k}": float(t) for k, t in enumerate(self.iter_times)}
+            self._times = {j: float(t) for j, t in zip(ids, self.iter_times)}
             self._running = {j: float(self.iterations[0]) for j in self._times}
 
     def num_phases(self) -> int:
@@ -277,13 +303,22 @@ class CurveStoppingApp(CurveStoppingScheduler):
         if len(set(ids)) != len(ids):
             raise ValueError(f"job ids must be unique, got {ids}")
         self._by_id = {j.job_id: j for j in self.jobs}
+        self._ends: dict[tuple[str, int], float] = {}
 
     def _end(self, job: CurveJob) -> float:
+        """The job's pessimistic predicted stop, refitted only when it reports a new loss."""
         from agent.curves import predict_stop
 
-        return predict_stop(
-            job.iterations_seen, job.losses, tolerance=self.tolerance, max_iterations=job.max_iterations
-        ).pessimistic
+        key = (job.job_id, len(job.losses))
+        if key not in self._ends:
+            self._ends[key] = predict_stop(
+                job.iterations_seen, job.losses, tolerance=self.tolerance, max_iterations=job.max_iterations
+            ).pessimistic
+        return self._ends[key]
+
+    def predicted_end(self, job_id: str) -> float:
+        """The iteration at which the job is predicted to stop (pessimistic end, D4)."""
+        return self._end(self._by_id[job_id])
 
     def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
         out = []

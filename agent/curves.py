@@ -49,21 +49,26 @@ def predict_stop(
         return StopPrediction(min(max_iterations, max(done, 0.0)) if k.size >= 3 else max_iterations, max_iterations)
     lo = float(y.min())
     span = float(np.ptp(y))
-    fits: list[tuple[float, float]] = []  # (rmse, stop iteration)
-    for frac in np.linspace(0.0, 0.99, 34):
-        b2 = lo - span * (1.0 - frac) - 1e-12 if frac < 0.99 else lo - 1e-9 * max(1.0, abs(lo))
-        z = 1.0 / (y - b2)
-        a = np.vstack([k, np.ones_like(k)]).T
-        (b0, b1), *_ = np.linalg.lstsq(a, z, rcond=None)
-        if b0 <= 0:
-            continue
-        pred = 1.0 / (b0 * k + b1) + b2
-        rmse = float(np.sqrt(np.mean((pred - y) ** 2)))
-        stop = (1.0 / tolerance - b1) / b0
-        if math.isfinite(stop):
-            fits.append((rmse, float(min(max_iterations, max(done, stop)))))
-    if not fits:
+    frac = np.linspace(0.0, 0.99, 34)
+    b2 = lo - span * (1.0 - frac) - 1e-12
+    b2[-1] = lo - 1e-9 * max(1.0, abs(lo))
+    z = 1.0 / (y[None, :] - b2[:, None])  # one row per candidate asymptote
+    # closed-form least squares of z = b0 k + b1, for every candidate at once
+    k_mean = k.mean()
+    k_var = ((k - k_mean) ** 2).sum()
+    z_mean = z.mean(axis=1)
+    b0 = ((k - k_mean)[None, :] * (z - z_mean[:, None])).sum(axis=1) / k_var if k_var > 0 else np.zeros(len(b2))
+    b1 = z_mean - b0 * k_mean
+    ok = b0 > 0
+    if not ok.any():
         return StopPrediction(max_iterations, max_iterations)
-    best = min(r for r, _ in fits)
-    plausible = [s for r, s in fits if r <= best * near_best + 1e-12]
-    return StopPrediction(float(min(plausible)), float(max(plausible)))
+    b0, b1, b2 = b0[ok], b1[ok], b2[ok]
+    pred = 1.0 / (b0[:, None] * k[None, :] + b1[:, None]) + b2[:, None]
+    rmse = np.sqrt(np.mean((pred - y[None, :]) ** 2, axis=1))
+    stop = np.clip((1.0 / tolerance - b1) / b0, done, max_iterations)
+    finite = np.isfinite(rmse) & np.isfinite(stop)
+    if not finite.any():
+        return StopPrediction(max_iterations, max_iterations)
+    rmse, stop = rmse[finite], stop[finite]
+    plausible = stop[rmse <= rmse.min() * near_best + 1e-12]
+    return StopPrediction(float(plausible.min()), float(plausible.max()))

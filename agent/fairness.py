@@ -37,21 +37,19 @@ def _split_counts(jobs: Sequence[JobInfo], n_gpus: int) -> list[int]:
     """GPU counts per job when there are at least as many GPUs as jobs (D3).
 
     The phase's GPUs are split evenly (the paper's 4.3.3 example: 16 GPUs, 4 jobs -> 4 each), each
-    job capped at its demand_max; the remainder of an uneven split goes one GPU each to the jobs
-    that would otherwise finish last.
+    job capped at its demand_max; what is left (the remainder of an uneven split, and the share of
+    capped jobs) goes one GPU at a time to the jobs that would otherwise finish last.
     """
-    base = n_gpus // len(jobs)
-    counts = [min(base, j.demand_max) for j in jobs]
-    spare = n_gpus - base * len(jobs)
-    by_lateness = sorted(
-        range(len(jobs)), key=lambda k: -jobs[k].iters_remaining * jobs[k].iter_time_serial / counts[k]
-    )
-    for k in by_lateness:
-        if spare == 0:
+    counts = [min(n_gpus // len(jobs), j.demand_max) for j in jobs]
+    spare = n_gpus - sum(counts)
+    while spare > 0:
+        open_jobs = [k for k in range(len(jobs)) if counts[k] < jobs[k].demand_max]
+        if not open_jobs:
             break
-        if counts[k] < jobs[k].demand_max:
+        open_jobs.sort(key=lambda k: -jobs[k].iters_remaining * jobs[k].iter_time_serial / counts[k])
+        for k in open_jobs[:spare]:
             counts[k] += 1
-            spare -= 1
+        spare -= min(spare, len(open_jobs))
     return counts
 
 

@@ -1,0 +1,337 @@
+"""The event-driven simulator: a virtual clock around the real round engine and agents.
+
+Events are app arrivals, rounds (lease expiries, releases and arrivals, coalesced by the round
+engine, D10), job completions, successive-halving phase ends and curve-stopping checkpoints. Between
+events every job runs at Eq. 1's speed on the GPUs it actually holds: min(|G|, demand_max) /
+(iter_time_serial * S(G)) iterations per second, S from the D1 level of its own GPUs. A job whose
+GPU set changes after it has started pays the restart delay (D11); one that keeps its GPUs pays
+nothing. Reports, bids and grants all come from the code the service runs: ``agent.agent.Agent``
+and ``arbiter.rounds.RoundEngine`` with a policy from ``arbiter.policies``.
+
+Inside an app, its own scheduler decides which job runs on which held GPU (D3's split,
+``agent.fairness.split_allocation``); jobs keep the GPUs they have wherever the split allows, and
+GPUs the app can no longer use are released at once (a resource-available event).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.agent import Agent
+from agent.appsched import AppScheduler, CurveStoppingApp, FixedJobsApp, JobInfo, SuccessiveHalvingApp
+from agent.fairness import ideal_time, split_allocation
+from agent.placement import ModelProfile, load_profiles, slowdown_of
+from arbiter.cluster import Cluster
+from arbiter.policies import Policy
+from arbiter.rounds import RoundEngine, RoundResult
+from simulator.apps import SimCurveStoppingApp, SimSuccessiveHalvingApp, build_app, checkpoint_every
+from simulator.workload import AppSpec, Workload
+
+DEFAULT_RESTART_S = 35.0  # D11, paper 6.2.3
+_EPS = 1e-6
+
+
+@dataclass
+class JobRun:
+    job_id: str
+    gpus: tuple[str, ...] = ()
+    rate: float = 0.0  # iterations per second while running
+    slowdown: float = 1.0
+    ready_at: float = 0.0  # end of a restart delay
+    started: bool = False
+    restarts: int = 0
+
+
+@dataclass
+class AppRun:
+    spec: AppSpec
+    app: AppScheduler
+    agent: Agent
+    jobs: dict[str, JobRun] = field(default_factory=dict)
+    finished_at: float | None = None
+    n_avg_at_finish: float = 1.0
+    gpu_seconds: float = 0.0
+    busy_gpu_seconds: float = 0.0  # GPU-seconds on which a job ran
+    scored: float = 0.0  # sum of busy GPU-seconds / S
+    restarts: int = 0
+    next_checkpoint: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SimulationResult:
+    policy: str
+    cluster: str
+    workload: str
+    apps: list[AppRun]
+    rounds: int
+    auctions: int
+    makespan: float
+    wall_seconds: float
+    cluster_size: int
+    round_results: list[RoundResult] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(
+        self,
+        cluster: Cluster,
+        workload: Workload,
+        policy: Policy,
+        *,
+        lease_s: float = 600.0,
+        restart_s: float = DEFAULT_RESTART_S,
+        seed: int = 0,
+        profiles: dict[str, ModelProfile] | None = None,
+        agent_factory: Callable[[AppSpec, AppScheduler], Agent] | None = None,
+        keep_rounds: bool = False,
+    ):
+        if restart_s < 0:
+            raise ValueError("restart delay must be >= 0")
+        self.cluster = cluster
+        self.workload = workload
+        self.policy = policy
+        self.restart_s = restart_s
+        self.engine = RoundEngine(cluster, policy, lease_s=lease_s, seed=seed)
+        self.profiles = profiles or load_profiles()
+        self.agent_factory = agent_factory or (lambda spec, app: Agent(app))
+        self.keep_rounds = keep_rounds
+        unknown = sorted({a.model for a in workload.apps} - set(self.profiles))
+        if unknown:
+            raise ValueError(f"workload {workload.name!r} names models with no profile: {unknown}")
+        self.runs: dict[str, AppRun] = {}
+        self.now = 0.0
+
+    # -- the app's side ----------------------------------------------------------------------
+
+    def _arrive(self, spec: AppSpec) -> None:
+        app = build_app(spec, self.profiles[spec.model].slowdown)
+        run = AppRun(spec, app, self.agent_factory(spec, app))
+        if isinstance(app, SimCurveStoppingApp):
+            step = checkpoint_every(spec)
+            run.next_checkpoint = {j.job_id: step for j in spec.jobs}
+        self.runs[spec.app_id] = run
+        self.engine.add_app(spec.app_id, self.now)
+
+    @staticmethod
+    def _current_jobs(app: AppScheduler) -> list[JobInfo]:
+        if isinstance(app, SuccessiveHalvingApp):
+            return app.jobs_in_phase(app.current_phase(), ())
+        return list(app.jobs_remaining(()))
+
+    def _place(self, name: str) -> None:
+        """Re-split the app's GPUs among its jobs (D3), keeping each job's GPUs where possible."""
+        run = self.runs[name]
+        held = sorted(self.engine.held(name))
+        jobs = self._current_jobs(run.app)
+        split = split_allocation(jobs, [self.cluster.position(g) for g in held])
+        by_position: dict[tuple, list[str]] = {}
+        for g in held:
+            by_position.setdefault(self.cluster.position(g), []).append(g)
+        assigned: dict[str, list[str]] = {}
+        for job, chunk in split:  # first, positions the job already occupies
+            mine = set(run.jobs[job.job_id].gpus) if job.job_id in run.jobs else set()
+            picked = []
+            for pos in chunk:
+                pool = by_position[pos]
+                keep = next((g for g in pool if g in mine), None)
+                if keep is not None:
+                    pool.remove(keep)
+                    picked.append(keep)
+                else:
+                    picked.append(None)
+            assigned[job.job_id] = picked
+        for job, chunk in split:  # then the rest from what is left at each position
+            picked = assigned[job.job_id]
+            for k, pos in enumerate(chunk):
+                if picked[k] is None:
+                    picked[k] = by_position[pos].pop()
+        live = {j.job_id: j for j in jobs}
+        for job_id in list(run.jobs):
+            if job_id not in live:
+                del run.jobs[job_id]
+        for job_id, job in live.items():
+            jr = run.jobs.setdefault(job_id, JobRun(job_id))
+            gpus = tuple(sorted(assigned.get(job_id, [])))
+            if gpus != jr.gpus:
+                if gpus and jr.started:
+                    jr.ready_at = self.now + self.restart_s
+                    jr.restarts += 1
+                    run.restarts += 1
+                elif gpus:
+                    jr.ready_at = self.now
+                jr.gpus = gpus
+            if gpus:
+                jr.started = True
+                positions = [self.cluster.position(g) for g in gpus]
+                jr.slowdown = slowdown_of(job.slowdown, positions)
+                jr.rate = min(len(gpus), job.demand_max) / (job.iter_time_serial * jr.slowdown)
+            else:
+                jr.rate = 0.0
+        used = {g for jr in run.jobs.values() for g in jr.gpus}
+        spare = [g for g in held if g not in used]
+        if spare and len(held) > run.app.demand_now():
+            self.engine.release(name, spare, self.now)
+
+    def _progress(self, until: float) -> None:
+        """Run every job from ``self.now`` to ``until`` (no event falls in between)."""
+        dt = until - self.now
+        if dt <= 0:
+            return
+        for name in sorted(self.runs):
+            run = self.runs[name]
+            if run.finished_at is not None:
+                continue
+            run.gpu_seconds += len(self.engine.held(name)) * dt
+            for jr in run.jobs.values():
+                if not jr.gpus:
+                    continue
+                run.busy_gpu_seconds += len(jr.gpus) * dt
+                run.scored += len(jr.gpus) * dt / jr.slowdown
+                work = max(0.0, until - max(self.now, jr.ready_at)) * jr.rate
+                if work > 0:
+                    self._advance_job(run, jr.job_id, work)
+        self.now = until
+
+    @staticmethod
+    def _advance_job(run: AppRun, job_id: str, iterations: float) -> None:
+        app = run.app
+        run.app.losses.done[job_id] += iterations
+        if isinstance(app, (FixedJobsApp, SuccessiveHalvingApp)):
+            app.advance(job_id, iterations)
+        elif isinstance(app, CurveStoppingApp):
+            job = app._by_id[job_id]
+            job.done = min(job.max_iterations, job.done + iterations)
+
+    def _next_event(self, run: AppRun) -> float:
+        """When one of the app's jobs next finishes its work or reaches a loss checkpoint."""
+        app = run.app
+        lefts = self._lefts(app)
+        best = math.inf
+        for jr in run.jobs.values():
+            if not jr.gpus or jr.rate <= 0:
+                continue
+            if isinstance(app, CurveStoppingApp):
+                left = self._report_at(run, app, jr.job_id) - app._by_id[jr.job_id].done
+            else:
+                left = lefts.get(jr.job_id, 0.0)
+            best = min(best, max(self.now, jr.ready_at) + max(0.0, left) / jr.rate)
+        return best
+
+    @staticmethod
+    def _report_at(run: AppRun, app: CurveStoppingApp, job_id: str) -> float:
+        """The next iteration at which the job reports a loss: its next checkpoint, or earlier
+        where the app's current prediction says it stops (so the app can stop it there, D4)."""
+        job = app._by_id[job_id]
+        return min(run.next_checkpoint[job_id], job.max_iterations, max(job.done, app.predicted_end(job_id)))
+
+    def _lefts(self, app: AppScheduler) -> dict[str, float]:
+        return {j.job_id: j.iters_remaining for j in self._current_jobs(app)}
+
+    def _job_events(self, run: AppRun) -> bool:
+        """Handle what happened to the app's jobs at ``self.now``; True if its job set changed."""
+        app = run.app
+        changed = False
+        if isinstance(app, CurveStoppingApp):
+            step = checkpoint_every(run.spec)
+            for job in app.jobs:
+                if job.stopped or job.job_id not in run.jobs:
+                    continue
+                target = self._report_at(run, app, job.job_id)
+                if job.done >= target - _EPS:
+                    job.done = max(job.done, target)
+                    if job.done >= run.next_checkpoint[job.job_id] - _EPS:
+                        run.next_checkpoint[job.job_id] += step
+                    app.report(job.job_id, job.done, app.losses.loss(job.job_id))
+                    changed |= job.stopped
+            return changed
+        lefts = self._lefts(app)
+        for jr in list(run.jobs.values()):
+            left = lefts.get(jr.job_id, 0.0)
+            if jr.gpus and left <= _EPS:
+                self._advance_job(run, jr.job_id, left)
+                changed = True
+        if isinstance(app, SimSuccessiveHalvingApp) and app.phase_done():
+            app.end_phase(app.survivors())
+            changed = True
+        return changed
+
+    def _finish(self, name: str) -> None:
+        run = self.runs[name]
+        run.finished_at = self.now
+        run.n_avg_at_finish = self.engine.n_avg(name, self.now)
+        run.jobs.clear()
+        self.engine.remove_app(name, self.now)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float], None] | None = None) -> SimulationResult:
+        wall = time.perf_counter()
+        arrivals = sorted(self.workload.apps, key=lambda a: (a.arrival_s, a.app_id))
+        nxt = 0
+        rounds = auctions = 0
+        kept: list[RoundResult] = []
+        while True:
+            candidates = []
+            if nxt < len(arrivals):
+                candidates.append(arrivals[nxt].arrival_s)
+            wake = self.engine.next_wakeup()
+            if wake is not None:
+                candidates.append(max(wake, self.now))
+            for run in self.runs.values():
+                if run.finished_at is None:
+                    candidates.append(self._next_event(run))
+            t = min(candidates, default=math.inf)
+            if t == math.inf:
+                break
+            self._progress(t)
+            touched: set[str] = set()
+            while nxt < len(arrivals) and arrivals[nxt].arrival_s <= self.now:
+                self._arrive(arrivals[nxt])
+                touched.add(arrivals[nxt].app_id)
+                nxt += 1
+            for name in sorted(self.runs):
+                run = self.runs[name]
+                if run.finished_at is None and self._job_events(run):
+                    touched.add(name)
+            for name in sorted(touched):
+                run = self.runs[name]
+                if run.app.finished():
+                    self._finish(name)
+                else:
+                    self._place(name)
+            if self.engine.round_due(self.now):
+                result = self.engine.run_round(self.now, {a: self.runs[a].agent for a in self.engine.apps})
+                rounds += 1
+                auctions += result.decision is not None and result.decision.auction is not None
+                changed = {lease.app for lease in result.expired} | {g.app for g in result.grants}
+                for name in sorted(changed & set(self.engine.apps)):
+                    self._place(name)
+                if self.keep_rounds:
+                    kept.append(result)
+            if progress is not None:
+                progress(self.now)
+        unfinished = [n for n, r in self.runs.items() if r.finished_at is None]
+        if unfinished or nxt < len(arrivals):
+            raise RuntimeError(f"simulation stalled at t={self.now:.0f}s with unfinished apps {unfinished[:5]}")
+        return SimulationResult(
+            policy=self.policy.name,
+            cluster=self.cluster.name,
+            workload=self.workload.name,
+            apps=[self.runs[a.app_id] for a in self.workload.apps],
+            rounds=rounds,
+            auctions=auctions,
+            makespan=self.now,
+            wall_seconds=time.perf_counter() - wall,
+            cluster_size=self.cluster.size,
+            round_results=kept,
+        )
+
+
+def app_rho(run: AppRun, cluster_size: int) -> float:
+    """Finish-time fairness the app got: (finish - arrival) / T_id with N_avg over its life (D5)."""
+    assert run.finished_at is not None
+    t_id = ideal_time(run.app, n_avg=run.n_avg_at_finish, cluster_size=cluster_size)
+    return (run.finished_at - run.spec.arrival_s) / t_id
