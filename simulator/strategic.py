@@ -1,0 +1,260 @@
+"""Strategic bidding: agents that send something other than their truthful report and bids (D12).
+
+A strategy is one small subclass of :class:`BiddingStrategy`, registered by name, that turns the
+agent's truthful view into what it sends, at a lie size ``level`` in percent. The built-in ones:
+
+* ``overreport-spread``: S at levels 2-3 (machines of a rack, racks) inflated by X% (paper 6.3).
+* ``underreport-dense``: S at levels 0-1 (one slot, one machine) shrunk by X% (paper 6.3).
+* ``misreport-work``: remaining iterations inflated by X% (it claims more work left).
+* ``hide-rows``: drops the X% of its bid rows it likes least (bids only for what it wants most).
+* ``noisy``: every rho it sends is off by a uniform random error within +-X% (paper Fig. 14's
+  bid estimation error; not a lie, an inaccurate profiler).
+
+Lies change only what the agent says: the simulator still runs its jobs at their true speed.
+``run_strategic`` is the study of paper Figure 15: K liars among truthful apps, per level.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from agent.agent import Agent
+from agent.appsched import AppScheduler, CurveStoppingScheduler, JobInfo, SuccessiveHalvingScheduler
+from agent.bidding import make_bid
+from agent.placement import Position, Slowdown
+from protos.messages import BidTable, Offer, RhoReport, RhoRequest
+from simulator.workload import AppSpec
+
+STRATEGIES: dict[str, type["BiddingStrategy"]] = {}
+
+
+def strategy(cls: type["BiddingStrategy"]) -> type["BiddingStrategy"]:
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+class BiddingStrategy(ABC):
+    """How an agent bends its bids. ``level`` is the lie size in percent."""
+
+    name: ClassVar[str]
+
+    def __init__(self, level: float, seed: int | str = 0):
+        if level < 0:
+            raise ValueError("a lie size is a percentage >= 0")
+        self.level = level
+        self.x = level / 100.0
+        self.rng = random.Random(f"{self.name}:{seed}")
+
+    def view(self, app: AppScheduler) -> AppScheduler:
+        """The app as the agent describes it (default: as it is)."""
+        return app
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        """Edit the finished bid table (default: send it as computed)."""
+        return bid
+
+
+class _SlowdownLie(BiddingStrategy):
+    levels: ClassVar[tuple[int, ...]]
+    sign: ClassVar[float]
+
+    def lie(self, s: Slowdown) -> Slowdown:
+        factor = 1 + self.sign * self.x
+        out = [v * factor if k in self.levels else v for k, v in enumerate(s)]
+        return (out[0], out[1], out[2], out[3])
+
+    def view(self, app: AppScheduler) -> AppScheduler:
+        return described(app, lambda j: replace(j, slowdown=self.lie(j.slowdown)))
+
+
+@strategy
+class OverreportSpread(_SlowdownLie):
+    name = "overreport-spread"
+    levels = (2, 3)
+    sign = 1.0
+
+
+@strategy
+class UnderreportDense(_SlowdownLie):
+    name = "underreport-dense"
+    levels = (0, 1)
+    sign = -1.0
+
+
+@strategy
+class MisreportWork(BiddingStrategy):
+    name = "misreport-work"
+
+    def view(self, app: AppScheduler) -> AppScheduler:
+        return described(app, lambda j: replace(j, iters_remaining=j.iters_remaining * (1 + self.x)))
+
+
+@strategy
+class HideRows(BiddingStrategy):
+    name = "hide-rows"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        keep = round(len(bid.rows) * (1 - self.x))
+        return BidTable(bid.rho_old, tuple(sorted(bid.rows, key=lambda r: r[1])[:keep]))
+
+
+@strategy
+class Noisy(BiddingStrategy):
+    name = "noisy"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        rows = tuple((g, rho * (1 + self.rng.uniform(-self.x, self.x))) for g, rho in bid.rows)
+        return BidTable(bid.rho_old, rows)
+
+
+@strategy
+class Truthful(BiddingStrategy):
+    name = "truthful"
+
+
+def described(app: AppScheduler, edit) -> AppScheduler:
+    """A read-only stand-in for ``app`` whose jobs are edited by ``edit`` (what a liar says)."""
+    if isinstance(app, SuccessiveHalvingScheduler):
+        return _DescribedHalving(app, edit)
+    if isinstance(app, CurveStoppingScheduler):
+        return _DescribedCurve(app, edit)
+    raise TypeError(f"cannot describe {type(app).__name__}")
+
+
+class _Described:
+    def __init__(self, app: AppScheduler, edit):
+        self.app, self.edit = app, edit
+        self.start_time = app.start_time
+
+    def budget(self) -> float:
+        return self.app.budget()
+
+    def demand_max(self) -> int:
+        return self.app.demand_max()
+
+    def demand_now(self) -> int:
+        return self.app.demand_now()
+
+    def placement_slowdown(self) -> Slowdown:
+        return self.app.placement_slowdown()
+
+    def loss_decrease_rate(self) -> float:
+        return self.app.loss_decrease_rate()
+
+
+class _DescribedHalving(_Described, SuccessiveHalvingScheduler):
+    def num_phases(self) -> int:
+        return self.app.num_phases()
+
+    def current_phase(self) -> int:
+        return self.app.current_phase()
+
+    def jobs_in_phase(self, phase: int, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        return [self.edit(j) for j in self.app.jobs_in_phase(phase, gpu_alloc)]
+
+
+class _DescribedCurve(_Described, CurveStoppingScheduler):
+    def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
+        return [self.edit(j) for j in self.app.jobs_remaining(gpu_alloc)]
+
+
+class StrategicAgent(Agent):
+    """An agent that reports and bids through a strategy (its jobs still run truthfully)."""
+
+    def __init__(self, app: AppScheduler, plan: BiddingStrategy):
+        super().__init__(app)
+        self.plan = plan
+
+    def report(self, request: RhoRequest) -> RhoReport:
+        truthful_app, self.app = self.app, self.plan.view(self.app)
+        try:
+            return super().report(request)
+        finally:
+            self.app = truthful_app
+
+    def bid(self, offer: Offer) -> BidTable:
+        return self.plan.adjust(make_bid(self.plan.view(self.app), offer, alternatives=self.alternatives))
+
+
+def make_strategy(name: str, level: float, seed: int | str = 0) -> BiddingStrategy:
+    try:
+        return STRATEGIES[name](level, seed)
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(STRATEGIES))}") from None
+
+
+def liar_factory(liars: set[str], name: str, level: float, seed: int = 0):
+    """An agent factory for ``Simulation``: the apps in ``liars`` bid through the strategy."""
+
+    def make(spec: AppSpec, app: AppScheduler) -> Agent:
+        if spec.app_id in liars:
+            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"))
+        return Agent(app)
+
+    return make
+
+
+def run_strategic(*, strategy: str, levels: Sequence[float], liars: int, cluster: str, workload: str, seed: int,
+                  out: Path, fairness_knob: float = 0.8, lease: float = 600.0) -> dict[str, Any]:
+    """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
+    truthful (level 0 of the same run), and the truthful apps' average."""
+    from simulator.cli import simulate
+    from simulator.plots import line_plot
+    from simulator.workloads import load_workload
+
+    make_strategy(strategy, 0)
+    apps = [a.app_id for a in load_workload(workload, seed=seed).apps]
+    if not 1 <= liars < len(apps):
+        raise ValueError(f"--liars must be between 1 and {len(apps) - 1} for this workload")
+    chosen = set(apps[:liars])
+    points = []
+    baseline = None
+    for level in [0.0, *[lv for lv in levels if lv != 0]]:
+        summary = simulate(cluster=cluster, workload=workload, policy="themis", fairness_knob=fairness_knob,
+                           lease=lease, seed=seed, show_progress=False,
+                           agent_factory=liar_factory(chosen, strategy, level, seed))
+        lied = [a for a in summary["apps"] if a["app"] in chosen]
+        honest = [a for a in summary["apps"] if a["app"] not in chosen]
+        point = {
+            "level": level,
+            "liar_jct_s": statistics.fmean(a["jct_s"] for a in lied),
+            "liar_rho": statistics.fmean(a["rho"] for a in lied),
+            "truthful_jct_s": statistics.fmean(a["jct_s"] for a in honest),
+            "truthful_rho": statistics.fmean(a["rho"] for a in honest),
+            "max_rho": summary["max_rho"],
+            "gpu_time": summary["gpu_time"],
+        }
+        if baseline is None:
+            baseline = point
+        point["liar_jct_vs_truthful"] = point["liar_jct_s"] / baseline["liar_jct_s"]
+        point["others_jct_vs_truthful"] = point["truthful_jct_s"] / baseline["truthful_jct_s"]
+        points.append(point)
+    points.sort(key=lambda p: p["level"])
+    result = {"strategy": strategy, "liars": sorted(chosen), "cluster": cluster, "workload": workload,
+              "seed": seed, "points": points}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "strategic.json").write_text(json.dumps(result, indent=1))
+    xs = [p["level"] for p in points]
+    line_plot(out / "strategic.png", xs,
+              {"liar JCT / truthful": [p["liar_jct_vs_truthful"] for p in points],
+               "other apps' JCT / truthful": [p["others_jct_vs_truthful"] for p in points]},
+              xlabel=f"lie size X (%) -- {strategy}", ylabel="completion time relative to X = 0",
+              title=f"Strategic bidding: {len(chosen)} liar(s) on {cluster}")
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{strategy}: {len(chosen)} liar(s), {workload} on {cluster}")
+    for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "liar rho", "others JCT / truthful"):
+        table.add_column(col, justify="right")
+    for p in points:
+        table.add_row(f"{p['level']:.0f}", f"{p['liar_jct_s'] / 3600:.2f}", f"{p['liar_jct_vs_truthful']:.3f}",
+                      f"{p['liar_rho']:.2f}", f"{p['others_jct_vs_truthful']:.3f}")
+    Console(width=160).print(table)
+    return result
