@@ -165,6 +165,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     app_demand: int | None = None
     budget_gpu_seconds: float | None = None
     job_ids: Sequence[str] | None = None  # default job0, job1, ...
+    grow_demand: bool = False  # paper 4.3.2: each phase doubles the surviving jobs' demand
     phase: int = 1
     _running: dict[str, float] = field(default_factory=dict)  # job id -> iterations left
     _times: dict[str, float] = field(default_factory=dict)  # job id -> serial iteration time
@@ -195,6 +196,11 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     def current_phase(self) -> int:
         return self.phase
 
+    def job_demand(self, phase: int) -> int:
+        """A job's GPU demand in ``phase``: ``job_demand_max``, doubled per phase when
+        ``grow_demand`` (paper 4.3.2: n jobs of 1 GPU, then n/2 of 2, ..., 1 job of n)."""
+        return self.job_demand_max * (2 ** (phase - 1) if self.grow_demand else 1)
+
     def jobs_in_phase(self, phase: int, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
         """This app's jobs do not depend on the allocation, so each phase's list is built once
         per change of progress (bids ask for it once per candidate shape and phase)."""
@@ -205,7 +211,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
             return cached
         if phase == self.phase:
             jobs = [
-                JobInfo(left, self._times[j], self.slowdown, self.job_demand_max, j)
+                JobInfo(left, self._times[j], self.slowdown, self.job_demand(phase), j)
                 for j, left in self._running.items()
                 if left > 0
             ]
@@ -213,7 +219,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
             median = statistics.median(self._times[j] for j in self._running)
             count = max(1, len(self.iter_times) // 2 ** (phase - 1))
             jobs = [
-                JobInfo(float(self.iterations[phase - 1]), median, self.slowdown, self.job_demand_max,
+                JobInfo(float(self.iterations[phase - 1]), median, self.slowdown, self.job_demand(phase),
                         f"p{phase}-{k}")
                 for k in range(count)
             ]
@@ -234,14 +240,14 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
         if self.app_demand is not None:
             return self.app_demand
         return max(
-            max(1, len(self.iter_times) // 2**i) * self.job_demand_max for i in range(self.num_phases())
+            max(1, len(self.iter_times) // 2**i) * self.job_demand(i + 1) for i in range(self.num_phases())
         )
 
     def demand_now(self) -> int:
         if self.phase > self.num_phases():
             return 0
         live = sum(1 for left in self._running.values() if left > 0)
-        return live * self.job_demand_max
+        return live * self.job_demand(self.phase)
 
     def phase_jobs(self) -> list[str]:
         """Ids of the current phase's jobs, finished or not."""

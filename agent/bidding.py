@@ -10,13 +10,16 @@ Rows with the same shape (``agent.placement.canonical_shape`` of held + won GPUs
 so rho is computed once per shape. Of the same-count, same-level candidates we keep up to
 ``alternatives`` in distinct containers -- those next to GPUs the app already holds first, then the
 tightest fit (least fragmentation) -- so that the auction can give two apps two different machines.
-Rows no better than ``rho_old`` are dropped: the auction could never pick them.
+Rack and spread candidates come twice: fullest machines first, and once more from only the machines
+too small to host k alone, so an app can say what it would do with the fragments and leave a
+consolidated machine to an app that needs it more. Rows no better than ``rho_old`` are dropped:
+the auction could never pick them.
 
 Size bound: counts are 1..min(remaining demand, offered) when that is at most 16, else 1..8 and
 then every power of two and 1.5 times a power of two, plus the full remaining demand (at most 18
 counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
-of the slot, machine and rack levels plus one spread row: with the default 2, at most 7 rows per
-count, 112 rows for a demand of 16 and 126 for any demand up to 256.
+of the slot and machine levels, 2 x ``alternatives`` rack rows and 2 spread rows: with the default
+2, at most 10 rows per count, 160 rows for a demand of 16 and 180 for any demand up to 256.
 """
 
 from __future__ import annotations
@@ -73,18 +76,21 @@ class _OfferShape:
     def pick_machine(self, machine: tuple[str, str], k: int) -> list[str]:
         return _take([self.slots[s] for s in self.machines[machine]], k)
 
-    def pick_rack(self, rack: str, k: int) -> list[str]:
+    def pick_rack(self, rack: str, k: int, below: int | None = None) -> list[str]:
+        """k GPUs of the rack, fullest machines first; with ``below``, only from machines with
+        fewer than ``below`` free GPUs (leaving the machines that could host k alone to others)."""
         out: list[str] = []
-        for m in sorted(self.racks[rack], key=lambda m: -self.machine_free[m]):
+        machines = [m for m in self.racks[rack] if below is None or self.machine_free[m] < below]
+        for m in sorted(machines, key=lambda m: -self.machine_free[m]):
             out.extend(self.pick_machine(m, min(k - len(out), self.machine_free[m])))
             if len(out) == k:
                 break
         return out
 
-    def pick_spread(self, k: int) -> list[str]:
+    def pick_spread(self, k: int, below: int | None = None) -> list[str]:
         out: list[str] = []
         for r in sorted(self.racks, key=lambda r: -self.rack_free[r]):
-            out.extend(self.pick_rack(r, min(k - len(out), self.rack_free[r])))
+            out.extend(self.pick_rack(r, k - len(out), below))
             if len(out) == k:
                 break
         return out
@@ -126,7 +132,13 @@ def candidate_sets(
             add(shape.pick_machine(m, k))
         for r in _ranked(shape.rack_free, k, near_racks, lambda r: r)[:alternatives]:
             add(shape.pick_rack(r, k))
+            fragments = shape.pick_rack(r, k, below=k)
+            if len(fragments) == k:
+                add(fragments)
         add(shape.pick_spread(k))
+        fragments = shape.pick_spread(k, below=k)
+        if len(fragments) == k:
+            add(fragments)
     return out
 
 

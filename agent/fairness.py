@@ -33,7 +33,7 @@ def job_time(job: JobInfo, gpus: Sequence[Position]) -> float:
     )
 
 
-def _split_counts(jobs: Sequence[JobInfo], n_gpus: int) -> list[int]:
+def split_counts(jobs: Sequence[JobInfo], n_gpus: int) -> list[int]:
     """GPU counts per job when there are at least as many GPUs as jobs (D3).
 
     The phase's GPUs are split evenly (the paper's 4.3.3 example: 16 GPUs, 4 jobs -> 4 each), each
@@ -141,7 +141,7 @@ def split_allocation(
     if len(order) < len(live):
         longest = sorted(live, key=lambda j: -j.iters_remaining * j.iter_time_serial)
         return [(job, [g]) for job, g in zip(longest, order)]
-    counts = _split_counts(live, len(order))
+    counts = split_counts(live, len(order))
     out, start = [], 0
     for k in sorted(range(len(live)), key=lambda k: -counts[k]):
         out.append((live[k], order[start : start + counts[k]]))

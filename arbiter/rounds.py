@@ -179,6 +179,12 @@ class RoundEngine:
         """The cluster grew (the service calls this after adding a machine)."""
         self._note(now)
 
+    def note_demand(self, now: float) -> None:
+        """An app wants more GPUs while some are free (e.g. a new phase of its search): a
+        resource-available event for it (D10), so free GPUs do not wait for a lease expiry."""
+        if self.free_gpus():
+            self._note(now)
+
     def next_wakeup(self) -> float | None:
         """The earliest time a round may be due: a pending event or a lease expiry, plus the
         coalescing window."""

@@ -116,6 +116,7 @@ def build_app(spec: AppSpec, slowdown: Slowdown) -> AppScheduler:
             slowdown=slowdown,
             start_time=spec.arrival_s,
             job_ids=[j.job_id for j in spec.jobs],
+            grow_demand=True,
         )
     else:
         curves = {j.job_id: LossCurve.draw(rng, j.iterations * rng.uniform(0.3, 1.0)) for j in spec.jobs}

@@ -159,7 +159,7 @@ def cmd_strategic(args: argparse.Namespace) -> int:
     levels = [float(x) for x in args.levels.split(",") if x.strip()]
     run_strategic(strategy=args.strategy, levels=levels, liars=args.liars, cluster=args.cluster,
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
-                  lease=args.lease)
+                  lease=args.lease, seeds=args.seeds)
     return 0
 
 
@@ -184,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strategy", required=True)
     p.add_argument("--levels", default="0,10,20,30,40,50,60,70,80,90,100", help="lie sizes in percent")
     p.add_argument("--liars", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=3, help="average over this many seeds")
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
     try:

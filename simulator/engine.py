@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 from agent.agent import Agent
 from agent.appsched import AppScheduler, CurveStoppingApp, FixedJobsApp, JobInfo, SuccessiveHalvingApp
-from agent.fairness import ideal_time, split_allocation
+from agent.fairness import ideal_time, split_counts
 from agent.placement import ModelProfile, load_profiles, slowdown_of
+from arbiter.auction import keep_best_locality
 from arbiter.cluster import Cluster
 from arbiter.policies import Policy
 from arbiter.rounds import RoundEngine, RoundResult
@@ -121,40 +122,43 @@ class Simulation:
             return app.jobs_in_phase(app.current_phase(), ())
         return list(app.jobs_remaining(()))
 
+    def _targets(self, run: AppRun, jobs: list[JobInfo], n_gpus: int) -> dict[str, int]:
+        """How many GPUs each job should run on (D3): the app's even split when there are enough
+        GPUs; otherwise one each, running jobs first (an app does not preempt its own jobs), then
+        the longest waiting ones."""
+        if n_gpus >= len(jobs):
+            return dict(zip((j.job_id for j in jobs), split_counts(jobs, n_gpus)))
+        running = [j for j in jobs if run.jobs.get(j.job_id, JobRun(j.job_id)).gpus]
+        waiting = sorted((j for j in jobs if j not in running), key=lambda j: -j.iters_remaining * j.iter_time_serial)
+        return {j.job_id: 1 for j in (running + waiting)[:n_gpus]}
+
     def _place(self, name: str) -> None:
-        """Re-split the app's GPUs among its jobs (D3), keeping each job's GPUs where possible."""
+        """Give the app's GPUs to its jobs (D3). A job that may keep its GPUs keeps them; jobs
+        whose share changed get the best-placed GPUs left, biggest shares first."""
         run = self.runs[name]
-        held = sorted(self.engine.held(name))
+        held = set(self.engine.held(name))
         jobs = self._current_jobs(run.app)
-        split = split_allocation(jobs, [self.cluster.position(g) for g in held])
-        by_position: dict[tuple, list[str]] = {}
-        for g in held:
-            by_position.setdefault(self.cluster.position(g), []).append(g)
-        assigned: dict[str, list[str]] = {}
-        for job, chunk in split:  # first, positions the job already occupies
-            mine = set(run.jobs[job.job_id].gpus) if job.job_id in run.jobs else set()
-            picked = []
-            for pos in chunk:
-                pool = by_position[pos]
-                keep = next((g for g in pool if g in mine), None)
-                if keep is not None:
-                    pool.remove(keep)
-                    picked.append(keep)
-                else:
-                    picked.append(None)
-            assigned[job.job_id] = picked
-        for job, chunk in split:  # then the rest from what is left at each position
-            picked = assigned[job.job_id]
-            for k, pos in enumerate(chunk):
-                if picked[k] is None:
-                    picked[k] = by_position[pos].pop()
+        targets = self._targets(run, jobs, len(held))
+        assigned: dict[str, tuple[str, ...]] = {}
+        for job in jobs:
+            mine = run.jobs[job.job_id].gpus if job.job_id in run.jobs else ()
+            if mine and set(mine) <= held and len(mine) == targets.get(job.job_id, 0):
+                assigned[job.job_id] = mine
+        pool = sorted(held - {g for gpus in assigned.values() for g in gpus})
+        for job in sorted(jobs, key=lambda j: (-targets.get(j.job_id, 0), j.job_id)):
+            want = targets.get(job.job_id, 0)
+            if job.job_id in assigned or not want:
+                continue
+            chosen = keep_best_locality(pool, want, self.cluster.position)
+            assigned[job.job_id] = tuple(sorted(chosen))
+            pool = [g for g in pool if g not in chosen]
         live = {j.job_id: j for j in jobs}
         for job_id in list(run.jobs):
             if job_id not in live:
                 del run.jobs[job_id]
         for job_id, job in live.items():
             jr = run.jobs.setdefault(job_id, JobRun(job_id))
-            gpus = tuple(sorted(assigned.get(job_id, [])))
+            gpus = assigned.get(job_id, ())
             if gpus != jr.gpus:
                 if gpus and jr.started:
                     jr.ready_at = self.now + self.restart_s
@@ -165,15 +169,14 @@ class Simulation:
                 jr.gpus = gpus
             if gpus:
                 jr.started = True
-                positions = [self.cluster.position(g) for g in gpus]
-                jr.slowdown = slowdown_of(job.slowdown, positions)
+                jr.slowdown = slowdown_of(job.slowdown, [self.cluster.position(g) for g in gpus])
                 jr.rate = min(len(gpus), job.demand_max) / (job.iter_time_serial * jr.slowdown)
             else:
                 jr.rate = 0.0
-        used = {g for jr in run.jobs.values() for g in jr.gpus}
-        spare = [g for g in held if g not in used]
-        if spare and len(held) > run.app.demand_now():
-            self.engine.release(name, spare, self.now)
+        if pool and len(held) > run.app.demand_now():
+            self.engine.release(name, pool, self.now)
+        elif run.app.demand_now() > len(held) and self.engine.free_gpus():
+            self.engine.note_demand(self.now)
 
     def _progress(self, until: float) -> None:
         """Run every job from ``self.now`` to ``until`` (no event falls in between)."""
@@ -284,7 +287,7 @@ class Simulation:
                 if run.finished_at is None:
                     candidates.append(self._next_event(run))
             t = min(candidates, default=math.inf)
-            if t == math.inf:
+            if t == math.inf or (nxt == len(arrivals) and not self.engine.apps):
                 break
             self._progress(t)
             touched: set[str] = set()
@@ -323,7 +326,7 @@ class Simulation:
             apps=[self.runs[a.app_id] for a in self.workload.apps],
             rounds=rounds,
             auctions=auctions,
-            makespan=self.now,
+            makespan=max((r.finished_at or 0.0) for r in self.runs.values()) if self.runs else 0.0,
             wall_seconds=time.perf_counter() - wall,
             cluster_size=self.cluster.size,
             round_results=kept,

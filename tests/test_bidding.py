@@ -43,7 +43,7 @@ def test_rows_are_valid_bounded_and_better_than_rho_old():
     bid = make_bid(app, offer)
     validate_bid("lm-app", bid, frozenset(free))
     assert math.isinf(bid.rho_old)
-    assert 0 < len(bid.rows) <= 7 * len(useful_counts(app.demand_now()))
+    assert 0 < len(bid.rows) <= 10 * len(useful_counts(app.demand_now()))
     assert all(rho < bid.rho_old for _, rho in bid.rows)
     for gpus, rho in bid.rows:
         positions = [CLUSTER.position(g) for g in gpus]
@@ -89,3 +89,12 @@ def test_no_rows_when_demand_is_met():
     held = list(CLUSTER.machines["r0-m0"])[:2]
     bid = make_bid(vgg_job(2), offer_of(list(CLUSTER.machines["r0-m1"]), held=held))
     assert bid.rows == ()
+
+
+def test_fragments_are_offered_besides_the_consolidated_machine():
+    """An app can bid for 8 GPUs spread over small machines, leaving the 8-GPU machine to others."""
+    free = list(CLUSTER.machines["r0-m0"]) + [g for m in ("r6-m24", "r6-m25") for g in CLUSTER.machines[m]]
+    sets = candidate_sets({g: CLUSTER.position(g) for g in free}, {}, [8], alternatives=2)
+    big = set(CLUSTER.machines["r0-m0"])
+    assert any(s == big for s in sets)
+    assert any(len(s) == 8 and not (s & big) for s in sets)
