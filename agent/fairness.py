@@ -8,6 +8,7 @@ and N_avg, which the arbiter sends (D5). No clocks are read here.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from collections.abc import Sequence
 
 from agent.appsched import (
@@ -124,8 +125,30 @@ def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bo
     if not gpus:
         return INFINITY
     if len(gpus) >= len(live):
-        return max(job_time(job, chunk) for job, chunk in split_allocation(live, gpus, ordered=ordered))
+        order = list(gpus) if ordered else densest_first(gpus)
+        counts = split_counts(live, len(order))
+        worst, start = 0.0, 0
+        for k in sorted(range(len(live)), key=lambda k: -counts[k]):
+            job, n = live[k], counts[k]
+            level = _run_level(order[start], order[start + n - 1]) if n > 1 else 0
+            start += n
+            t = job.iters_remaining * job.iter_time_serial * (job.slowdown[level] if n > 1 else 1.0) / min(
+                n, job.demand_max)
+            worst = max(worst, t)
+        return worst
     return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
+
+
+def _run_level(first: Position, last: Position) -> int:
+    """D1 level of a contiguous run of the densest-first order, from its two ends: slots, machines
+    and racks are contiguous blocks of that order, so the ends share exactly what the run shares."""
+    if first == last:
+        return 0
+    if first[:2] == last[:2]:
+        return 1
+    if first[0] == last[0]:
+        return 2
+    return 3
 
 
 def split_allocation(
@@ -149,9 +172,14 @@ def split_allocation(
     return out
 
 
+@lru_cache(maxsize=8192)
+def _densest_first_of(gpus: tuple[Position, ...]) -> tuple[Position, ...]:
+    return tuple(densest_first(gpus))
+
+
 def shared_time_left(app: AppScheduler, gpus: Sequence[Position]) -> float:
     """T_sh minus the time already elapsed: what is left to run under allocation ``gpus``."""
-    order = densest_first(gpus)
+    order = _densest_first_of(tuple(gpus))
     if isinstance(app, SuccessiveHalvingScheduler):
         total = 0.0
         for phase in range(app.current_phase(), app.num_phases() + 1):
