@@ -1,0 +1,74 @@
+"""Bidding strategies change only what an agent says (D12)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.agent import Agent
+from agent.appsched import JobInfo, SuccessiveHalvingApp
+from agent.fairness import finish_time_fairness
+from arbiter.cluster import load_cluster
+from protos.messages import Offer
+from simulator.strategic import STRATEGIES, StrategicAgent, make_strategy
+
+CLUSTER = load_cluster("sim-256")
+SLOW = (1.0, 1.0, 1.4, 2.0)
+
+
+def app():
+    return SuccessiveHalvingApp([1.0, 1.2, 0.9, 1.1], [100, 200, 300], job_demand_max=4, slowdown=SLOW)
+
+
+def offer():
+    free = list(CLUSTER.machines["r0-m0"]) + [g for m in ("r6-m24", "r6-m25", "r7-m28") for g in CLUSTER.machines[m]]
+    return Offer(1, {g: CLUSTER.position(g) for g in free}, 0.0, 2.0, 256)
+
+
+def by_set(bid):
+    return {gpus: rho for gpus, rho in bid.rows}
+
+
+def level(gpus):
+    return CLUSTER.locality(gpus)
+
+
+def test_overreporting_spread_raises_only_spread_rows():
+    truthful = by_set(Agent(app()).bid(offer()))
+    lying = by_set(StrategicAgent(app(), make_strategy("overreport-spread", 50)).bid(offer()))
+    common = set(truthful) & set(lying)
+    assert any(level(g) >= 2 for g in common) and any(level(g) <= 1 for g in common)
+    raised = 0
+    for gpus in common:
+        if level(gpus) >= 2:  # higher when some job's own GPUs span machines, never lower
+            assert lying[gpus] >= truthful[gpus] - 1e-12
+            raised += lying[gpus] > truthful[gpus] + 1e-12
+        else:
+            assert lying[gpus] == pytest.approx(truthful[gpus])
+    assert raised > 0
+
+
+def test_the_liars_app_itself_is_untouched():
+    a = app()
+    liar = StrategicAgent(a, make_strategy("misreport-work", 100))
+    liar.bid(offer())
+    spread = [CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")]
+    assert a.jobs_in_phase(1, spread)[0].slowdown == SLOW
+    assert finish_time_fairness(a, spread, now=0, n_avg=2, cluster_size=256) == pytest.approx(
+        finish_time_fairness(app(), spread, now=0, n_avg=2, cluster_size=256))
+
+
+def test_hide_rows_and_noisy():
+    full = Agent(app()).bid(offer())
+    hidden = StrategicAgent(app(), make_strategy("hide-rows", 50)).bid(offer())
+    assert len(hidden.rows) == round(len(full.rows) / 2)
+    assert min(r for _, r in hidden.rows) == min(r for _, r in full.rows)
+    noisy = by_set(StrategicAgent(app(), make_strategy("noisy", 20, seed=1)).bid(offer()))
+    truthful = by_set(full)
+    ratios = [noisy[g] / truthful[g] for g in truthful]
+    assert all(0.8 - 1e-9 <= r <= 1.2 + 1e-9 for r in ratios) and len(set(ratios)) > 1
+
+
+def test_unknown_strategy():
+    with pytest.raises(ValueError, match="unknown strategy"):
+        make_strategy("bribe", 10)
+    assert {"overreport-spread", "underreport-dense", "misreport-work", "hide-rows", "noisy"} <= set(STRATEGIES)
