@@ -18,8 +18,9 @@ the auction could never pick them.
 Size bound: counts are 1..min(remaining demand, offered) when that is at most 16, else 1..8 and
 then every power of two and 1.5 times a power of two, plus the full remaining demand (at most 18
 counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
-of the slot and machine levels, 2 x ``alternatives`` rack rows and 2 spread rows: with the default
-2, at most 10 rows per count, 160 rows for a demand of 16 and 180 for any demand up to 256.
+of the slot and machine levels, 2 x ``alternatives`` rack rows, 2 spread rows and one row of the
+app's previous GPUs: with the default 2, at most 11 rows per count, 176 rows for a demand of 16
+and 198 for any demand up to 256.
 """
 
 from __future__ import annotations
@@ -107,11 +108,18 @@ def candidate_sets(
     held: Mapping[str, Position],
     counts: Sequence[int],
     alternatives: int = DEFAULT_ALTERNATIVES,
+    previous: Mapping[str, Position] | None = None,
 ) -> list[frozenset[str]]:
-    """The GPU subsets worth bidding on, best locality first within each container (D1, D7)."""
+    """The GPU subsets worth bidding on, best locality first within each container (D1, D7).
+
+    ``previous`` are the app's GPUs whose lease ran out at this round: winning them back keeps its
+    jobs running without a restart (D10, D11), so for each count they come first, as a candidate of
+    their own, and their machines and racks count as near."""
     shape = _OfferShape(offer_gpus)
-    near_machines = {p[:2] for p in held.values()}
-    near_racks = {p[0] for p in held.values()}
+    mine = {g: p for g, p in (previous or {}).items() if g in offer_gpus}
+    near_machines = {p[:2] for p in held.values()} | {p[:2] for p in mine.values()}
+    near_racks = {p[0] for p in held.values()} | {p[0] for p in mine.values()}
+    mine_shape = _OfferShape(mine) if mine else None
     slot_free = {s: len(g) for s, g in shape.slots.items()}
     seen: set[frozenset[str]] = set()
     out: list[frozenset[str]] = []
@@ -126,6 +134,8 @@ def candidate_sets(
     for k in counts:
         if k > total:
             break
+        if mine_shape is not None and k <= len(mine):
+            add(mine_shape.pick_spread(k))
         for s in _ranked(slot_free, k, near_machines, lambda s: s[:2])[:alternatives]:
             add(shape.slots[s][:k])
         for m in _ranked(shape.machine_free, k, near_machines, lambda m: m)[:alternatives]:
@@ -167,7 +177,8 @@ def make_bid(
     if remaining <= 0 or not offer.gpus:
         return BidTable(rho_old, ())
     rows: list[tuple[frozenset[str], float]] = []
-    for gids in candidate_sets(offer.gpus, held, useful_counts(min(remaining, len(offer.gpus))), alternatives):
+    counts = useful_counts(min(remaining, len(offer.gpus)))
+    for gids in candidate_sets(offer.gpus, held, counts, alternatives, offer.previous):
         value = rho(held_positions + [offer.gpus[g] for g in gids])
         if value < rho_old:
             rows.append((gids, value))

@@ -441,6 +441,18 @@ def keep_best_locality(gpus: Sequence[str], k: int, position: Callable[[str], Po
     return frozenset(densest([g for gs in by_rack for g in gs])[:k])
 
 
+def take_gpus(
+    pool: Sequence[str], k: int, position: Callable[[str], Position], previous: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """k GPUs of ``pool`` for one app: the ones it held until this round first (a GPU won back
+    keeps its job running without a restart, D10, D11), then the best-placed of the rest (D1)."""
+    mine = [g for g in pool if g in previous]
+    if len(mine) >= k:
+        return keep_best_locality(mine, k, position)
+    rest = [g for g in pool if g not in previous]
+    return frozenset(mine) | keep_best_locality(rest, k - len(mine), position)
+
+
 def position_from_id(gpu_id: str) -> Position:
     """Fallback hierarchy from ids like ``r0-m1-g3``: rack r0, machine r0-m1, the GPU its own slot."""
     parts = gpu_id.split("-")

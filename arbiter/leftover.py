@@ -2,7 +2,8 @@
 
 Leftover GPUs go at random to apps that did not bid this round and still have unmet demand, never
 beyond an app's demand; if none remain, to any app with unmet demand. An app drawn takes what it
-still wants at once, best-placed (D1), so a GPU stays idle only when no app wants it.
+still wants at once, its own previous GPUs first, then best-placed (D1), so a GPU stays idle only
+when no app wants it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Mapping
 
-from arbiter.auction import keep_best_locality
+from arbiter.auction import take_gpus
 from protos.messages import Position
 
 
@@ -21,6 +22,7 @@ def hand_out_leftover(
     *,
     rng: random.Random,
     position: Callable[[str], Position],
+    previous: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, frozenset[str]]:
     """Grants of leftover GPUs (D9). ``unmet`` is each app's demand after the auction's grants."""
     pool = sorted(leftover)
@@ -32,7 +34,7 @@ def hand_out_leftover(
         for app in eligible:
             if not pool:
                 return grants
-            take = keep_best_locality(pool, min(want[app], len(pool)), position)
+            take = take_gpus(pool, min(want[app], len(pool)), position, (previous or {}).get(app, frozenset()))
             grants[app] = grants.get(app, frozenset()) | take
             want[app] -= len(take)
             pool = [g for g in pool if g not in take]

@@ -273,6 +273,11 @@ class OpenRound:
         self._bids: dict[str, BidTable] = {}
         self.rejected: dict[str, str] = {}
         self._rng = random.Random(f"{engine.seed}:{round_id}")
+        previous: dict[str, set[str]] = {}
+        for lease in expired:
+            if lease.app in engine.apps:
+                previous.setdefault(lease.app, set()).add(lease.gpu)
+        self.previous = {app: frozenset(g) for app, g in previous.items()}
 
     def report(self, app: str, report: RhoReport) -> None:
         if app not in self.engine.apps:
@@ -311,6 +316,7 @@ class OpenRound:
             reports=dict(self._reports),
             attained={app: self.engine.attained(app, self.now) for app in self.engine.apps},
             arrived={app: state.arrived for app, state in self.engine.apps.items()},
+            previous=self.previous,
         )
 
     def offers(self) -> dict[str, Offer]:
@@ -332,6 +338,7 @@ class OpenRound:
                     self.engine.n_avg(app, self.now),
                     cluster.size,
                     held={g: cluster.position(g) for g in sorted(self.engine.held(app))},
+                    previous={g: cluster.position(g) for g in sorted(self.previous.get(app, ()))},
                 )
                 for app in chosen
             }

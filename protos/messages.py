@@ -35,6 +35,7 @@ class Offer:
     cluster_size: int
     deadline: float = math.inf
     held: Mapping[str, Position] = field(default_factory=dict)
+    previous: Mapping[str, Position] = field(default_factory=dict)  # its GPUs whose lease just ran out
 
 
 @dataclass(frozen=True)

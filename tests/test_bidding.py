@@ -43,7 +43,7 @@ def test_rows_are_valid_bounded_and_better_than_rho_old():
     bid = make_bid(app, offer)
     validate_bid("lm-app", bid, frozenset(free))
     assert math.isinf(bid.rho_old)
-    assert 0 < len(bid.rows) <= 10 * len(useful_counts(app.demand_now()))
+    assert 0 < len(bid.rows) <= 11 * len(useful_counts(app.demand_now()))
     assert all(rho < bid.rho_old for _, rho in bid.rows)
     for gpus, rho in bid.rows:
         positions = [CLUSTER.position(g) for g in gpus]
@@ -98,3 +98,12 @@ def test_fragments_are_offered_besides_the_consolidated_machine():
     big = set(CLUSTER.machines["r0-m0"])
     assert any(s == big for s in sets)
     assert any(len(s) == 8 and not (s & big) for s in sets)
+
+
+def test_previous_gpus_come_first():
+    """GPUs whose lease just ran out are offered back first (D10: won back, no restart)."""
+    prev = list(CLUSTER.machines["r3-m13"])[:4]
+    free = list(CLUSTER.machines["r0-m0"]) + list(CLUSTER.machines["r3-m13"])
+    sets = candidate_sets({g: CLUSTER.position(g) for g in free}, {}, [4], 2,
+                          previous={g: CLUSTER.position(g) for g in prev})
+    assert sets[0] == frozenset(prev)

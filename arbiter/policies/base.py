@@ -34,6 +34,7 @@ class RoundContext:
     reports: Mapping[str, RhoReport] = field(default_factory=dict)  # this round's reports
     attained: Mapping[str, float] = field(default_factory=dict)  # GPU-seconds held so far (LAS)
     arrived: Mapping[str, float] = field(default_factory=dict)  # arrival times (FIFO)
+    previous: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPUs whose lease just ran out
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from arbiter.auction import keep_best_locality
+from arbiter.auction import take_gpus
 from arbiter.policies.base import Decision, Policy, RoundContext
 from protos.messages import BidTable, Position
 
@@ -27,9 +27,11 @@ def allocate_in_order(
     free: Iterable[str],
     wanted: Mapping[str, int],
     position: Callable[[str], Position],
+    previous: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, frozenset[str]]:
     """Serve ``order`` front to back: each app gets ``wanted[app]`` of the GPUs still free (or all
-    that are left), chosen with the best locality (D1). Apps granted nothing are left out.
+    that are left), its previous GPUs first, then the best locality (D1). Apps granted nothing are
+    left out.
 
     Work conserving by construction: it stops only when no GPU or no wanted GPU is left.
     """
@@ -41,7 +43,7 @@ def allocate_in_order(
         k = min(wanted.get(app, 0), len(left))
         if k <= 0:
             continue
-        gpus = keep_best_locality(sorted(left), k, position)
+        gpus = take_gpus(sorted(left), k, position, (previous or {}).get(app, frozenset()))
         granted[app] = gpus
         left -= gpus
     return granted
@@ -75,4 +77,4 @@ class GreedyPolicy(Policy):
         return sorted(ctx.unmet, key=lambda app: (*self.priority(app, ctx), *arrival_then_name(app, ctx)))
 
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
-        return Decision(allocate_in_order(self.order(ctx), ctx.free, ctx.unmet, ctx.position))
+        return Decision(allocate_in_order(self.order(ctx), ctx.free, ctx.unmet, ctx.position, ctx.previous))
