@@ -41,6 +41,7 @@ class JobRun:
     gpus: tuple[str, ...] = ()
     rate: float = 0.0  # iterations per second while running
     slowdown: float = 1.0
+    demand: int = 1  # the job's GPU demand in its current phase
     ready_at: float = 0.0  # end of a restart delay
     started: bool = False
     restarts: int = 0
@@ -170,6 +171,7 @@ class Simulation:
             if gpus:
                 jr.started = True
                 jr.slowdown = slowdown_of(job.slowdown, [self.cluster.position(g) for g in gpus])
+                jr.demand = job.demand_max
                 jr.rate = min(len(gpus), job.demand_max) / (job.iter_time_serial * jr.slowdown)
             else:
                 jr.rate = 0.0
