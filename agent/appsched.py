@@ -322,6 +322,9 @@ class CurveStoppingApp(CurveStoppingScheduler):
             ).pessimistic
         return self._ends[key]
 
+    def job(self, job_id: str) -> CurveJob:
+        return self._by_id[job_id]
+
     def predicted_end(self, job_id: str) -> float:
         """The iteration at which the job is predicted to stop (pessimistic end, D4)."""
         return self._end(self._by_id[job_id])

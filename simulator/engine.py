@@ -207,7 +207,7 @@ class Simulation:
         if isinstance(app, (FixedJobsApp, SuccessiveHalvingApp)):
             app.advance(job_id, iterations)
         elif isinstance(app, CurveStoppingApp):
-            job = app._by_id[job_id]
+            job = app.job(job_id)
             job.done = min(job.max_iterations, job.done + iterations)
 
     def _next_event(self, run: AppRun) -> float:
@@ -219,7 +219,7 @@ class Simulation:
             if not jr.gpus or jr.rate <= 0:
                 continue
             if isinstance(app, CurveStoppingApp):
-                left = self._report_at(run, app, jr.job_id) - app._by_id[jr.job_id].done
+                left = self._report_at(run, app, jr.job_id) - app.job(jr.job_id).done
             else:
                 left = lefts.get(jr.job_id, 0.0)
             best = min(best, max(self.now, jr.ready_at) + max(0.0, left) / jr.rate)
@@ -229,7 +229,7 @@ class Simulation:
     def _report_at(run: AppRun, app: CurveStoppingApp, job_id: str) -> float:
         """The next iteration at which the job reports a loss: its next checkpoint, or earlier
         where the app's current prediction says it stops (so the app can stop it there, D4)."""
-        job = app._by_id[job_id]
+        job = app.job(job_id)
         return min(run.next_checkpoint[job_id], job.max_iterations, max(job.done, app.predicted_end(job_id)))
 
     def _lefts(self, app: AppScheduler) -> dict[str, float]:

@@ -241,6 +241,9 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int, cluster
         point["others_jct_vs_truthful"] = statistics.fmean(
             r["truthful_jct_s"] / b["truthful_jct_s"] for r, b in zip(runs, base))
         point["liar_faster_in"] = sum(r["liar_jct_s"] < b["liar_jct_s"] - 1e-6 for r, b in zip(runs, base))
+        point["liar_slower_in"] = sum(r["liar_jct_s"] > b["liar_jct_s"] + 1e-6 for r, b in zip(runs, base))
+        point["liar_jct_ratio_range"] = [min(r["liar_jct_s"] / b["liar_jct_s"] for r, b in zip(runs, base)),
+                                         max(r["liar_jct_s"] / b["liar_jct_s"] for r, b in zip(runs, base))]
         points.append(point)
     points.sort(key=lambda p: p["level"])
     result = {"strategy": strategy, "liars": sorted(chosen), "cluster": cluster, "workload": workload,
@@ -257,10 +260,12 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int, cluster
     from rich.table import Table
 
     table = Table(title=f"{strategy}: {len(chosen)} liar(s), {workload} on {cluster}")
-    for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "liar faster in", "liar rho", "others JCT / truthful"):
+    for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "faster / slower in", "liar rho",
+                "others JCT / truthful"):
         table.add_column(col, justify="right")
     for p in points:
         table.add_row(f"{p['level']:.0f}", f"{p['liar_jct_s'] / 3600:.2f}", f"{p['liar_jct_vs_truthful']:.3f}",
-                      f"{p['liar_faster_in']}/{p['seeds']}", f"{p['liar_rho']:.2f}", f"{p['others_jct_vs_truthful']:.3f}")
+                      f"{p['liar_faster_in']} / {p['liar_slower_in']} of {p['seeds']}", f"{p['liar_rho']:.2f}",
+                      f"{p['others_jct_vs_truthful']:.3f}")
     Console(width=160).print(table)
     return result

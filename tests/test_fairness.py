@@ -139,13 +139,13 @@ def test_curve_stopping_rho_uses_the_pessimistic_end_and_tightens():
         app.report("b", k, optimus_curve(k, b0=0.02) + rng.normal(0, 0.001))
     remaining = {j.job_id: j.iters_remaining for j in app.jobs_remaining(gpus)}
     assert remaining["a"] > remaining["b"]  # a converges more slowly
-    ends = {j: predict_stop(app._by_id[j].iterations_seen, app._by_id[j].losses, tolerance=0.01,
+    ends = {j: predict_stop(app.job(j).iterations_seen, app.job(j).losses, tolerance=0.01,
                             max_iterations=50_000) for j in "ab"}
     assert remaining["a"] == pytest.approx(ends["a"].pessimistic - 590)
     budget = ends["a"].pessimistic + ends["b"].pessimistic  # both at 1 s per iteration
     after = finish_time_fairness(app, gpus, now=590, n_avg=1, cluster_size=8)
     assert after == pytest.approx((590 + remaining["a"]) / (budget / 2))
-    early = predict_stop(app._by_id["a"].iterations_seen[:6], app._by_id["a"].losses[:6], tolerance=0.01,
+    early = predict_stop(app.job("a").iterations_seen[:6], app.job("a").losses[:6], tolerance=0.01,
                          max_iterations=50_000)
     assert ends["a"].pessimistic - ends["a"].optimistic < early.pessimistic - early.optimistic
 
