@@ -91,20 +91,29 @@ def fig9_10_11(out: Path, quick: bool, seed: int, which: str) -> dict[str, Any]:
     return result
 
 
+def _policy_sweep(out: Path, xs: list[float], runs: list[list[dict[str, Any]]], *, xlabel: str,
+                  figure: str) -> dict[str, dict[str, list[float]]]:
+    """Max rho, GPU time and placement score per policy along a swept parameter, with two plots."""
+    points: dict[str, dict[str, list[float]]] = {}
+    for at_x in runs:
+        for s in at_x:
+            p = points.setdefault(s["policy"], {"max_rho": [], "gpu_time": [], "placement": []})
+            p["max_rho"].append(s["max_rho"])
+            p["gpu_time"].append(s["gpu_time"])
+            p["placement"].append(s["mean_placement_score"])
+    line_plot(out / "max_rho.png", xs, {k: v["max_rho"] for k, v in points.items()},
+              xlabel=xlabel, ylabel="max rho", title=f"{figure}: max finish-time fairness")
+    line_plot(out / "gpu_time.png", xs, {k: [g / 3600 for g in v["gpu_time"]] for k, v in points.items()},
+              xlabel=xlabel, ylabel="GPU time (GPU-hours)", title=f"{figure}: GPU time")
+    return points
+
+
 def fig12(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     """Fig. 12: contention 1x, 2x, 4x (the same workload on sim-256 shrunk to 1/2 and 1/4)."""
     workload, knobs = _workloads(quick)["workload2"]
-    points: dict[str, dict[str, list[float]]] = {}
     levels = [1, 2, 4]
-    for level in levels:
-        for s in _policy_runs(workload, knobs, seed, cluster=shrunk(level)):
-            p = points.setdefault(s["policy"], {"max_rho": [], "gpu_time": []})
-            p["max_rho"].append(s["max_rho"])
-            p["gpu_time"].append(s["gpu_time"])
-    line_plot(out / "max_rho.png", levels, {k: v["max_rho"] for k, v in points.items()},
-              xlabel="contention (x)", ylabel="max rho", title="Fig. 12: max finish-time fairness vs contention")
-    line_plot(out / "gpu_time.png", levels, {k: [g / 3600 for g in v["gpu_time"]] for k, v in points.items()},
-              xlabel="contention (x)", ylabel="GPU time (GPU-hours)", title="Fig. 12: GPU time vs contention")
+    runs = [_policy_runs(workload, knobs, seed, cluster=shrunk(level)) for level in levels]
+    points = _policy_sweep(out, levels, runs, xlabel="contention (x)", figure="Fig. 12")
     return {"figure": "fig12", "quick": quick, "contention": levels, "policies": points}
 
 
@@ -112,19 +121,10 @@ def fig13(out: Path, quick: bool, seed: int) -> dict[str, Any]:
     """Fig. 13: 0-100% network-intensive apps (synthetic workload)."""
     fractions = [0.0, 0.5, 1.0] if quick else [0.0, 0.25, 0.5, 0.75, 1.0]
     apps = 30 if quick else 120
-    points: dict[str, dict[str, list[float]]] = {}
-    for f in fractions:
-        knobs = {"apps": apps, "network_fraction": f, "kind": "successive_halving", "load": 1.5}
-        for s in _policy_runs("synthetic", knobs, seed):
-            p = points.setdefault(s["policy"], {"max_rho": [], "gpu_time": [], "placement": []})
-            p["max_rho"].append(s["max_rho"])
-            p["gpu_time"].append(s["gpu_time"])
-            p["placement"].append(s["mean_placement_score"])
+    runs = [_policy_runs("synthetic", {"apps": apps, "network_fraction": f, "kind": "successive_halving",
+                                       "load": 1.5}, seed) for f in fractions]
     xs = [100 * f for f in fractions]
-    line_plot(out / "max_rho.png", xs, {k: v["max_rho"] for k, v in points.items()},
-              xlabel="network-intensive apps (%)", ylabel="max rho", title="Fig. 13: max rho")
-    line_plot(out / "gpu_time.png", xs, {k: [g / 3600 for g in v["gpu_time"]] for k, v in points.items()},
-              xlabel="network-intensive apps (%)", ylabel="GPU time (GPU-hours)", title="Fig. 13: GPU time")
+    points = _policy_sweep(out, xs, runs, xlabel="network-intensive apps (%)", figure="Fig. 13")
     return {"figure": "fig13", "quick": quick, "network_percent": xs, "policies": points}
 
 
