@@ -56,3 +56,21 @@ def test_strategic_study_writes_points_for_each_level(tmp_path):
     assert [p["level"] for p in result["points"]] == [0.0, 50.0]
     assert result["points"][0]["liar_jct_vs_truthful"] == 1.0
     assert (tmp_path / "strategic.png").exists()
+
+
+def test_experiment_fig15_quick_writes_json_and_png(tmp_path):
+    assert main(["experiment", "fig15", "--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "fig15.json").read_text())
+    assert result["figure"] == "fig15" and result["seeds"] == 3
+    assert [p["level"] for p in result["points"]] == [0, 25, 50, 100]
+    assert (tmp_path / "strategic.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_contention_clusters_halve_and_quarter_sim_256():
+    from arbiter.cluster import load_cluster
+    from simulator.experiments import shrunk
+
+    assert load_cluster(shrunk(2)).size == 128
+    assert load_cluster(shrunk(4)).size == 64
+    quarter = load_cluster(shrunk(4))
+    assert sorted({len(g) for g in quarter.machines.values()}) == [1, 4, 8]
