@@ -44,6 +44,11 @@ class AppScheduler(ABC):
 
     #: when the app arrived (T_start of Eq. 1), on the caller's clock
     start_time: float
+    #: bumped whenever the app's remaining work changes, so agents can reuse rho computations
+    version: int = 0
+
+    def touch(self) -> None:
+        self.version += 1
 
     @abstractmethod
     def budget(self) -> float:
@@ -133,6 +138,7 @@ class FixedJobsApp(CurveStoppingScheduler):
         """Record progress (the simulator and the launcher call this)."""
         self._left[job_id] = max(0.0, self._left[job_id] - iterations)
         self._cache = None
+        self.touch()
 
 
 class SingleJobApp(FixedJobsApp):
@@ -259,6 +265,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     def advance(self, job_id: str, iterations: float) -> None:
         self._running[job_id] = max(0.0, self._running[job_id] - iterations)
         self._phase_cache.pop(self.phase, None)
+        self.touch()
 
     def end_phase(self, survivors: Sequence[str]) -> None:
         """Close the current phase, keeping ``survivors`` (the better half) for the next one."""
@@ -268,6 +275,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
         if unknown:
             raise ValueError(f"survivors {unknown} are not jobs of phase {self.phase}")
         self._phase_cache.clear()
+        self.touch()
         self.phase += 1
         if self.phase > self.num_phases():
             self._running = {}
@@ -325,6 +333,12 @@ class CurveStoppingApp(CurveStoppingScheduler):
     def job(self, job_id: str) -> CurveJob:
         return self._by_id[job_id]
 
+    def advance(self, job_id: str, iterations: float) -> None:
+        """Record progress between loss reports (the simulator and the launcher call this)."""
+        job = self._by_id[job_id]
+        job.done = min(job.max_iterations, job.done + iterations)
+        self.touch()
+
     def predicted_end(self, job_id: str) -> float:
         """The iteration at which the job is predicted to stop (pessimistic end, D4)."""
         return self._end(self._by_id[job_id])
@@ -353,6 +367,7 @@ class CurveStoppingApp(CurveStoppingScheduler):
     def report(self, job_id: str, iteration: float, loss: float) -> None:
         """A job's progress and loss (from the profiler); stops it when its curve says so."""
         job = self._by_id[job_id]
+        self.touch()
         job.done = max(job.done, iteration)
         job.iterations_seen.append(iteration)
         job.losses.append(loss)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agent.appsched import AppScheduler
-from agent.fairness import finish_time_fairness
+from agent.fairness import finish_time_fairness, shared_time_left
 from agent.placement import Position, canonical_shape
 from protos.messages import BidTable, Offer
 
@@ -158,19 +158,23 @@ def make_bid(
     held: Mapping[str, Position] | None = None,
     *,
     alternatives: int = DEFAULT_ALTERNATIVES,
+    lefts: dict | None = None,
 ) -> BidTable:
-    """The app's bid table for ``offer`` (D7): rho_old plus one row per useful candidate subset."""
+    """The app's bid table for ``offer`` (D7): rho_old plus one row per useful candidate subset.
+
+    ``lefts`` maps allocation shapes to the app's remaining time under them; an agent may pass the
+    same dict on every round while the app's work is unchanged (``AppScheduler.version``)."""
     held = dict(offer.held if held is None else held)
     held_positions = list(held.values())
-    cache: dict = {}
+    cache: dict = {} if lefts is None else lefts
 
     def rho(positions: list[Position]) -> float:
         key = canonical_shape(positions)
         if key not in cache:
-            cache[key] = finish_time_fairness(
-                app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size
-            )
-        return cache[key]
+            cache[key] = shared_time_left(app, positions)
+        return finish_time_fairness(
+            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=cache[key]
+        )
 
     rho_old = rho(held_positions)
     remaining = app.demand_now() - len(held)

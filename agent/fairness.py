@@ -208,9 +208,14 @@ def finish_time_fairness(
     now: float,
     n_avg: float,
     cluster_size: int,
+    left: float | None = None,
 ) -> float:
-    """rho(G) = T_sh(G) / T_id (paper 3.2). Infinite when the app would hold no GPU and has work."""
-    left = shared_time_left(app, gpus)
+    """rho(G) = T_sh(G) / T_id (paper 3.2). Infinite when the app would hold no GPU and has work.
+
+    ``left`` is ``shared_time_left(app, gpus)`` when the caller already knows it (agents reuse it
+    while the app's work is unchanged: it does not depend on the clock)."""
+    if left is None:
+        left = shared_time_left(app, gpus)
     if left == INFINITY:
         return INFINITY
     t_id = ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)

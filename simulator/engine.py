@@ -204,11 +204,7 @@ class Simulation:
     def _advance_job(run: AppRun, job_id: str, iterations: float) -> None:
         app = run.app
         run.app.losses.done[job_id] += iterations
-        if isinstance(app, (FixedJobsApp, SuccessiveHalvingApp)):
-            app.advance(job_id, iterations)
-        elif isinstance(app, CurveStoppingApp):
-            job = app.job(job_id)
-            job.done = min(job.max_iterations, job.done + iterations)
+        app.advance(job_id, iterations)
 
     def _next_event(self, run: AppRun) -> float:
         """When one of the app's jobs next finishes its work or reaches a loss checkpoint."""
