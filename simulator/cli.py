@@ -23,6 +23,7 @@ from rich.table import Table
 
 from arbiter.cluster import ClusterFileError, load_cluster
 from arbiter.policies import POLICIES, make_policy
+from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S, Simulation
 from simulator.metrics import summarize, write_summary
 from simulator.workloads import load_workload
@@ -40,6 +41,7 @@ def simulate(
     fairness_knob: float = 0.8,
     lease: float = 600.0,
     restart: float = DEFAULT_RESTART_S,
+    coalesce: float = DEFAULT_COALESCE_S,
     seed: int = 0,
     show_progress: bool = True,
     workload_knobs: dict[str, Any] | None = None,
@@ -50,8 +52,8 @@ def simulate(
     the_workload = load_workload(workload, seed=seed, **(workload_knobs or {}))
     options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
     sim = Simulation(
-        the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart, seed=seed,
-        agent_factory=agent_factory,
+        the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
+        coalesce_s=coalesce, seed=seed, agent_factory=agent_factory,
     )
     if show_progress:
         with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
@@ -67,7 +69,7 @@ def simulate(
     else:
         result = sim.run()
     return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
-                     restart_s=restart, seed=seed, workload_source=the_workload.source)
+                     restart_s=restart, coalesce_s=coalesce, seed=seed, workload_source=the_workload.source)
 
 
 HEADLINE = [
@@ -110,13 +112,16 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--fairness-knob", type=float, default=0.8, help="f of D6 (themis only)")
     p.add_argument("--lease", type=float, default=600.0, help="lease length in seconds (D10)")
     p.add_argument("--restart", type=float, default=DEFAULT_RESTART_S, help="restart delay in seconds (D11)")
+    p.add_argument("--coalesce", type=float, default=DEFAULT_COALESCE_S,
+                   help="seconds of events coalesced into one round (D10); larger is faster, coarser")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="output folder")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     summary = simulate(cluster=args.cluster, workload=args.workload, policy=args.policy,
-                       fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart, seed=args.seed)
+                       fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
+                       coalesce=args.coalesce, seed=args.seed)
     path = write_summary(summary, args.out)
     out_console.print(summary_table([summary], f"{args.workload} on {args.cluster}"))
     console.print(f"wrote {path}")
@@ -133,7 +138,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     summaries = []
     for policy in policies:
         s = simulate(cluster=args.cluster, workload=args.workload, policy=policy,
-                     fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart, seed=args.seed)
+                     fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
+                     coalesce=args.coalesce, seed=args.seed)
         write_summary(s, args.out / policy)
         summaries.append(s)
     out_console.print(summary_table(summaries, f"{args.workload} on {args.cluster}"))

@@ -27,7 +27,7 @@ from agent.placement import ModelProfile, load_profiles, slowdown_of
 from arbiter.auction import keep_best_locality
 from arbiter.cluster import Cluster
 from arbiter.policies import Policy
-from arbiter.rounds import RoundEngine, RoundResult
+from arbiter.rounds import DEFAULT_COALESCE_S, RoundEngine, RoundResult
 from simulator.apps import SimCurveStoppingApp, SimSuccessiveHalvingApp, build_app, checkpoint_every
 from simulator.workload import AppSpec, Workload
 
@@ -85,6 +85,7 @@ class Simulation:
         *,
         lease_s: float = 600.0,
         restart_s: float = DEFAULT_RESTART_S,
+        coalesce_s: float = DEFAULT_COALESCE_S,
         seed: int = 0,
         profiles: dict[str, ModelProfile] | None = None,
         agent_factory: Callable[[AppSpec, AppScheduler], Agent] | None = None,
@@ -96,7 +97,7 @@ class Simulation:
         self.workload = workload
         self.policy = policy
         self.restart_s = restart_s
-        self.engine = RoundEngine(cluster, policy, lease_s=lease_s, seed=seed)
+        self.engine = RoundEngine(cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, seed=seed)
         self.profiles = profiles or load_profiles()
         self.agent_factory = agent_factory or (lambda spec, app: Agent(app))
         self.keep_rounds = keep_rounds
