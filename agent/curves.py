@@ -10,7 +10,6 @@ pessimistic (latest) end, and the bar narrows as the job reports more values.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.agent import Agent
-from agent.appsched import AppScheduler, CurveStoppingApp, FixedJobsApp, JobInfo, SuccessiveHalvingApp
+from agent.appsched import AppScheduler, CurveStoppingApp, JobInfo, SuccessiveHalvingApp
 from agent.fairness import ideal_time, split_counts
 from agent.placement import ModelProfile, load_profiles, slowdown_of
 from arbiter.auction import keep_best_locality

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.agent import Agent
-from agent.appsched import JobInfo, SuccessiveHalvingApp
+from agent.appsched import SuccessiveHalvingApp
 from agent.fairness import finish_time_fairness
 from arbiter.cluster import load_cluster
 from protos.messages import Offer
