@@ -26,6 +26,8 @@ def compare_plots(summaries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     for s in summaries:
         cdf(ax, [a["rho"] for a in s["apps"]], f"{s['policy']} (max {s['max_rho']:.2f})")
     ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+    if max(s["max_rho"] for s in summaries) > 5:
+        ax.set_xscale("log")  # one starving policy would squeeze every other curve against 0
     ax.set_xlabel("finish-time fairness rho")
     ax.set_ylabel("fraction of apps")
     ax.set_title(f"rho CDF: {summaries[0]['workload']} on {summaries[0]['cluster']}")
