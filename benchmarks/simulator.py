@@ -117,7 +117,7 @@ def code_version() -> str:
             if path.is_file() and path.suffix in (".py", ".toml", ".csv") and "__pycache__" not in path.parts:
                 digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     try:
-        proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+        proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True, cwd=ROOT,
                               timeout=10)
         commit = proc.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -193,7 +193,7 @@ def run_child(policy: str, args: argparse.Namespace, *, profile: bool = False) -
         cmd.append("--profile")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"policy": policy, "profiled": profile, "error": f"timed out after {args.timeout:g} s"}
     if proc.returncode != 0:

@@ -155,8 +155,13 @@ class Simulation:
             assigned[job.job_id] = tuple(sorted(chosen))
             pool = [g for g in pool if g not in chosen]
         live = {j.job_id: j for j in jobs}
+        # A halving job that finished this phase's work waits for the phase to end and may go on
+        # as a survivor: it keeps its record (started, restarts) but no GPUs.
+        waiting = set(run.app.phase_jobs()) - set(live) if isinstance(run.app, SuccessiveHalvingApp) else set()
         for job_id in list(run.jobs):
-            if job_id not in live:
+            if job_id in waiting:
+                run.jobs[job_id].gpus, run.jobs[job_id].rate = (), 0.0
+            elif job_id not in live:
                 del run.jobs[job_id]
         for job_id, job in live.items():
             jr = run.jobs.setdefault(job_id, JobRun(job_id))

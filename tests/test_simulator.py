@@ -213,7 +213,7 @@ def test_every_job_progresses_at_eq1_speed_on_the_gpus_it_holds():
     cluster = mixed_cluster()
     w = contended(seed=2)
     specs = {(a.app_id, j.job_id): (a, j) for a in w.apps for j in a.jobs}
-    r, obs = observed_run(cluster, w, "themis", lease_s=150.0, restart_s=35.0)
+    _, obs = observed_run(cluster, w, "themis", lease_s=150.0, restart_s=35.0)
     levels = set()
     for a, b in obs.pairs():
         for key, before in a.done.items():
@@ -471,3 +471,27 @@ def test_next_phase_gets_free_gpus_without_waiting_for_a_lease_expiry():
     # phase 1 ends with the 2 s/iteration straggler at C + 200; phase 2's two survivors run side by
     # side on the idle GPUs (at most one more coalescing window): done by C + 300 + C
     assert r.apps[0].finished_at <= C + 200.0 + 100.0 + C + 1e-9
+
+
+def test_halving_survivors_pay_a_restart_whenever_their_gpus_change():
+    """A job that finished its phase early and goes on as a survivor keeps its record, so its move
+    to new GPUs in the next phase is charged like any other (D11)."""
+    c = cluster_from_mapping({"name": "m4", "racks": [{"machines": [{"gpus": 4}]}]})
+    jobs = (JobSpec("j0", 1, 1.0, 1), JobSpec("j1", 1, 1.0, 1), JobSpec("j2", 1, 1.0, 1), JobSpec("j3", 1, 2.0, 1))
+    w = Workload("b3", (AppSpec("a", 0.0, "resnet50", "successive_halving", jobs, (100.0, 100.0)),))
+    sim = Simulation(c, w, make_policy("fifo"), restart_s=35.0)
+    paid: dict[str, int] = {}
+
+    def watch(now: float) -> None:
+        run = sim.runs.get("a")
+        if run is not None and run.finished_at is None:
+            for job_id, jr in run.jobs.items():
+                paid[job_id] = jr.restarts
+
+    r = sim.run(progress=watch)
+    (run,) = r.apps
+    ran_phase_2 = [j for j, done in run.app.losses.done.items() if done > 100.0 + 1e-6]
+    assert len(ran_phase_2) == 2
+    # both survivors resume on other GPUs (phase 2 doubles their demand), so both pay
+    assert all(paid[j] >= 1 for j in ran_phase_2)
+    assert sum(paid[j] for j in ran_phase_2) == run.restarts
