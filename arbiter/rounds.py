@@ -45,7 +45,7 @@ class Grant:
     gpus: frozenset[str]
     expires_at: float
     round_id: int
-    source: str  # "auction" or "leftover"
+    source: str  # "auction", "leftover" (D9), or "policy" (a baseline's grant)
 
 
 @dataclass(frozen=True)
@@ -380,7 +380,7 @@ class OpenRound:
                     given |= gpus
                     self.engine.leases.grant(app, gpus, now=self.now, expires_at=expires, round_id=self.round_id)
                     won = decision.auction.granted if decision.auction else {}
-                    source = "auction" if app in won else "leftover"
+                    source = "auction" if app in won else "leftover" if app in decision.leftover_granted else "policy"
                     grants.append(Grant(app, gpus, expires, self.round_id, source))
             taken = frozenset().union(*(g.gpus for g in grants)) if grants else frozenset()
             unmet_after = {a: n - len(decision.granted.get(a, ())) if decision else n for a, n in ctx.unmet.items()}

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
@@ -41,7 +39,6 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +53,7 @@ from agent.bidding import make_bid
 from agent.placement import Slowdown
 from arbiter.auction import DEFAULT_SOLVER, SOLVERS, AuctionOutcome, run_auction
 from arbiter.cluster import Cluster, load_cluster
+from machine import machine_info
 from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from protos.messages import BidTable, Offer, Position
 
@@ -385,30 +383,6 @@ def progress_bar(console: Console, label: str, total: int) -> Iterator[Callable[
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(label, total=total)
         yield lambda: progress.advance(task)
-
-
-def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model or platform.processor(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "highspy": metadata.version("highspy"),
-        "pulp": metadata.version("PuLP"),
-        "numpy": metadata.version("numpy"),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# The three parts
 
 
 def warm_up(cluster: Cluster) -> None:

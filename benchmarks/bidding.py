@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +35,7 @@ from agent.appsched import SuccessiveHalvingApp
 from agent.bidding import make_bid
 from agent.placement import Slowdown
 from arbiter.cluster import Cluster, load_cluster
+from machine import machine_info
 from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from protos.messages import Offer
 
@@ -119,15 +117,6 @@ def cell_result(n_free: int, demand: int, samples: Sequence[Sample]) -> dict[str
         "holding_share": sum(1 for s in samples if s.held) / len(samples),
         "times_ms": ms,
         "rows_per_table": rows,
-    }
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "numpy": metadata.version("numpy"),
     }
 
 

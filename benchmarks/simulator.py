@@ -28,19 +28,19 @@ import hashlib
 import io
 import json
 import os
-import platform
 import pstats
 import resource
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from machine import machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, this file's folder comes first on sys.path and this module (benchmarks/simulator.py)
@@ -202,25 +202,6 @@ def run_child(policy: str, args: argparse.Namespace, *, profile: bool = False) -
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["process_s"] = time.perf_counter() - t0
     return out
-
-
-def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu_count": os.cpu_count(), "cpu_model": cpu_model or platform.processor(),
-            "python": platform.python_version(), "platform": platform.platform()}
-    for package in ("numpy", "highspy"):
-        try:
-            info[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    return info
 
 
 def print_table(console: Console, runs: Sequence[dict[str, Any]], title: str) -> None:
