@@ -7,12 +7,14 @@ tests call it in-process; the gRPC client (issue 4) wraps the same object.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agent.appsched import AppScheduler
 from agent.bidding import DEFAULT_ALTERNATIVES, make_bid
-from agent.fairness import finish_time_fairness, shared_time_left
-from agent.placement import Position, canonical_shape
+from agent.fairness import TimeLeftCache, finish_time_fairness
+from agent.placement import NO_SLOWDOWN, Position
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
 
@@ -25,42 +27,31 @@ def packed(n: int) -> list[Position]:
 class Agent:
     app: AppScheduler
     alternatives: int = DEFAULT_ALTERNATIVES
-    _lefts: dict = field(default_factory=dict, repr=False)  # shape -> remaining time
-    _version: int = -1
+    _cache: TimeLeftCache | None = field(default=None, repr=False)
 
-    def lefts(self) -> dict:
-        """Remaining times by allocation shape, valid while the app's work is unchanged."""
-        if self._version != self.app.version:
-            self._lefts.clear()
-            self._version = self.app.version
-        return self._lefts
+    def time_left(self, gpus: Sequence[Position]) -> float:
+        """The app's remaining time under ``gpus``, reused across rounds while it is unchanged."""
+        if self._cache is None or self._cache.app is not self.app:
+            self._cache = TimeLeftCache(self.app)
+        return self._cache(gpus)
 
     def report(self, request: RhoRequest) -> RhoReport:
-        """Rho with what the app holds (D2-D4), its demand, and what the baselines ask for."""
+        """Rho with what the app holds (D2-D4), its demand, and whatever else the policy asks for
+        (``request.extras``: what the baselines allocate by)."""
         held = list(request.held.values())
-        lefts = self.lefts()
-        key = canonical_shape(held)
-        if key not in lefts:
-            lefts[key] = shared_time_left(self.app, held)
         rho = finish_time_fairness(
             self.app, held, now=request.now, n_avg=request.n_avg, cluster_size=request.cluster_size,
-            left=lefts[key],
+            left=self.time_left(held),
         )
         demand = self.app.demand_now()
+        extras = request.extras
         return RhoReport(
             rho,
             demand,
-            remaining_s=self._remaining(demand),
-            slowdown=self.app.placement_slowdown(),
-            loss_decrease=self.app.loss_decrease_rate(),
+            remaining_s=self.time_left(packed(demand)) if "remaining_s" in extras else math.inf,
+            slowdown=self.app.placement_slowdown() if "slowdown" in extras else NO_SLOWDOWN,
+            loss_decrease=self.app.loss_decrease_rate() if "loss_decrease" in extras else 0.0,
         )
 
     def bid(self, offer: Offer) -> BidTable:
-        return make_bid(self.app, offer, alternatives=self.alternatives, lefts=self.lefts())
-
-    def _remaining(self, demand: int) -> float:
-        lefts = self.lefts()
-        key = ("packed", demand)
-        if key not in lefts:
-            lefts[key] = shared_time_left(self.app, packed(demand))
-        return lefts[key]
+        return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self.time_left)

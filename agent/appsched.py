@@ -46,9 +46,15 @@ class AppScheduler(ABC):
     start_time: float
     #: bumped whenever the app's remaining work changes, so agents can reuse rho computations
     version: int = 0
+    #: bumped whenever what the app says about phases after the current one changes (D3's estimates)
+    plan_version: int = 0
 
-    def touch(self) -> None:
+    def touch(self, *, plan: bool = True) -> None:
+        """The app's work changed. ``plan=False`` says only the current phase progressed, so
+        agents may keep what they computed for later phases (``agent.fairness.TimeLeftCache``)."""
         self.version += 1
+        if plan:
+            self.plan_version += 1
 
     @abstractmethod
     def budget(self) -> float:
@@ -176,6 +182,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     _running: dict[str, float] = field(default_factory=dict)  # job id -> iterations left
     _times: dict[str, float] = field(default_factory=dict)  # job id -> serial iteration time
     _phase_cache: dict[int, list[JobInfo]] = field(default_factory=dict, repr=False, compare=False)
+    _planned: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.iter_times)
@@ -195,6 +202,13 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
         if not self._running:
             self._times = {j: float(t) for j, t in zip(ids, self.iter_times)}
             self._running = {j: float(self.iterations[0]) for j in self._times}
+
+    def touch(self, *, plan: bool = True) -> None:
+        """Also forget the cached phase lists when more than the current phase's progress changed
+        (e.g. a profiler updated the slowdown the JobInfo carry)."""
+        super().touch(plan=plan)
+        if plan:
+            self._phase_cache.clear()
 
     def num_phases(self) -> int:
         return len(self.iterations)
@@ -236,11 +250,10 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
         """B: the given budget, else the planned work at median speed (paper 4.3.3 uses 10,000)."""
         if self.budget_gpu_seconds is not None:
             return self.budget_gpu_seconds
-        med = statistics.median(self.iter_times)
-        total = 0.0
-        for i, iters in enumerate(self.iterations):
-            total += max(1, len(self.iter_times) // 2**i) * iters * med
-        return total
+        if self._planned is None:
+            med = statistics.median(self.iter_times)
+            self._planned = sum(max(1, len(self.iter_times) // 2**i) * iters * med for i, iters in enumerate(self.iterations))
+        return self._planned
 
     def demand_max(self) -> int:
         if self.app_demand is not None:
@@ -265,7 +278,7 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
     def advance(self, job_id: str, iterations: float) -> None:
         self._running[job_id] = max(0.0, self._running[job_id] - iterations)
         self._phase_cache.pop(self.phase, None)
-        self.touch()
+        self.touch(plan=False)  # later phases are estimated from the phase's job set, not its progress
 
     def end_phase(self, survivors: Sequence[str]) -> None:
         """Close the current phase, keeping ``survivors`` (the better half) for the next one."""

@@ -25,11 +25,11 @@ and 198 for any demand up to 256.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from agent.appsched import AppScheduler
-from agent.fairness import finish_time_fairness, shared_time_left
-from agent.placement import Position, canonical_shape
+from agent.fairness import TimeLeftCache, finish_time_fairness
+from agent.placement import Position
 from protos.messages import BidTable, Offer
 
 DEFAULT_ALTERNATIVES = 2
@@ -158,22 +158,19 @@ def make_bid(
     held: Mapping[str, Position] | None = None,
     *,
     alternatives: int = DEFAULT_ALTERNATIVES,
-    lefts: dict | None = None,
+    time_left: Callable[[Sequence[Position]], float] | None = None,
 ) -> BidTable:
     """The app's bid table for ``offer`` (D7): rho_old plus one row per useful candidate subset.
 
-    ``lefts`` maps allocation shapes to the app's remaining time under them; an agent may pass the
-    same dict on every round while the app's work is unchanged (``AppScheduler.version``)."""
+    ``time_left`` gives the app's remaining time under an allocation; an agent passes its
+    ``TimeLeftCache`` so rounds reuse what is unchanged (``AppScheduler.version``)."""
     held = dict(offer.held if held is None else held)
     held_positions = list(held.values())
-    cache: dict = {} if lefts is None else lefts
+    left_of = time_left or TimeLeftCache(app)
 
     def rho(positions: list[Position]) -> float:
-        key = canonical_shape(positions)
-        if key not in cache:
-            cache[key] = shared_time_left(app, positions)
         return finish_time_fairness(
-            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=cache[key]
+            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left_of(positions)
         )
 
     rho_old = rho(held_positions)

@@ -1,9 +1,15 @@
-"""``themis-agent``: what an app would bid.
+"""``themis-agent``: what an app would bid, and an agent that joins a running arbiter.
 
     themis-agent rho-table APP.toml --gpus 1,2,4,8,16 [--level machine]
 
 prints JSON {"<gpus>": rho, ...}: the app's finish-time fairness (Eq. 1/2, D2-D4) if it held that
 many GPUs from now until it finishes, placed at the given locality level (D1).
+
+    themis-agent run APP.toml --arbiter HOST:PORT --token T [--app NAME] [--speedup X]
+
+registers the app with an admin-issued token (or reuses the credential kept in
+``--credential-file``), connects, and runs the app's jobs emulated on the GPUs it is granted
+(``agent.emulated``) until they finish.
 """
 
 from __future__ import annotations
@@ -65,6 +71,55 @@ def rho_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_agent(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import time
+    from pathlib import Path
+
+    import grpc
+
+    from agent.agent import Agent
+    from agent.client import AgentClient, register
+    from agent.emulated import EmulatedJobs
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        app, _ = load_app(args.app)
+    except AppConfigError as exc:
+        print(f"themis-agent: {exc}", file=sys.stderr)
+        return 2
+    app.start_time = time.time()
+    name = args.name or Path(args.app).stem
+    tls_ca = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+    cred_file = Path(args.credential_file) if args.credential_file else None
+
+    async def main_async() -> int:
+        credential = cred_file.read_text().strip() if cred_file and cred_file.exists() else None
+        if credential is None:
+            if not args.token:
+                print("themis-agent: --token is required the first time (themis-arbiter issue-token)", file=sys.stderr)
+                return 2
+            try:
+                credential = await register(args.arbiter, name, args.token, tls_ca=tls_ca)
+            except grpc.aio.AioRpcError as exc:
+                print(f"themis-agent: registration refused: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                return 1
+            if cred_file:
+                cred_file.touch(mode=0o600)
+                cred_file.write_text(credential + "\n")
+        client = AgentClient(Agent(app), name, args.arbiter, credential, tls_ca=tls_ca)
+        jobs = EmulatedJobs(client, app, speedup=args.speedup)
+        runner = asyncio.create_task(client.run())
+        await jobs.run()
+        await asyncio.wait_for(runner, 30)
+        print(json.dumps({"app": name, "finished_after_s": round(jobs.finished_at - app.start_time, 1),
+                          "connects": client.connects}))
+        return 0
+
+    return asyncio.run(main_async())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="themis-agent", description="Themis agent tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level", choices=list(LEVELS), default="machine",
                    help="locality of the GPUs (D1); default: one machine")
     p.set_defaults(func=rho_table)
+    r = sub.add_parser("run", help="join an arbiter and run the app (jobs emulated on the granted GPUs)")
+    r.add_argument("app", help="app description (TOML)")
+    r.add_argument("--arbiter", default="127.0.0.1:50051", help="HOST:PORT of the arbiter")
+    r.add_argument("--token", help="registration token (themis-arbiter issue-token), or the app credential")
+    r.add_argument("--name", help="app name (default: the file name without .toml)")
+    r.add_argument("--credential-file", help="where to keep the app credential for later runs")
+    r.add_argument("--speedup", type=float, default=1.0, help="emulated jobs run this many times real time")
+    r.add_argument("--tls-ca", help="CA certificate (PEM) to check the arbiter's TLS certificate")
+    r.set_defaults(func=run_agent)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -8,8 +8,8 @@ and N_avg, which the arbiter sends (D5). No clocks are read here.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from collections.abc import Sequence
+from functools import lru_cache
 
 from agent.appsched import (
     AppScheduler,
@@ -17,7 +17,7 @@ from agent.appsched import (
     JobInfo,
     SuccessiveHalvingScheduler,
 )
-from agent.placement import Position, slowdown_of
+from agent.placement import Position, Shape, canonical_shape, slowdown_of
 
 INFINITY = math.inf
 _EXACT_PACKING_JOBS = 10
@@ -172,24 +172,86 @@ def split_allocation(
     return out
 
 
-@lru_cache(maxsize=8192)
-def _densest_first_of(gpus: tuple[Position, ...]) -> tuple[Position, ...]:
-    return tuple(densest_first(gpus))
+@lru_cache(maxsize=16384)
+def shape_order(shape: Shape) -> tuple[Position, ...]:
+    """A GPU set of ``shape`` (``agent.placement.canonical_shape``) in densest-first order.
+
+    rho depends on an allocation only through its shape (D1), so every allocation of one shape
+    is computed on this one representative, and its order is sorted once."""
+    return tuple(
+        densest_first(
+            [
+                _stand_in(i, j, k)
+                for i, rack in enumerate(shape)
+                for j, machine in enumerate(rack)
+                for k, n in enumerate(machine)
+                for _ in range(n)
+            ]
+        )
+    )
 
 
-def shared_time_left(app: AppScheduler, gpus: Sequence[Position]) -> float:
-    """T_sh minus the time already elapsed: what is left to run under allocation ``gpus``."""
-    order = _densest_first_of(tuple(gpus))
+@lru_cache(maxsize=None)
+def _stand_in(rack: int, machine: int, slot: int) -> Position:
+    """One shared position per (rack, machine, slot) index, so cached orders hold references."""
+    return (f"r{rack}", f"m{machine}", f"s{slot}")
+
+
+def shared_time_left(app: AppScheduler, gpus: Sequence[Position], *, later: dict | None = None) -> float:
+    """T_sh minus the time already elapsed: what is left to run under allocation ``gpus``.
+
+    ``later`` caches the successive-halving phases after the current one by (phase, shape); its
+    owner must empty it when ``app.plan_version`` changes (``TimeLeftCache`` does)."""
+    return time_left_of_shape(app, canonical_shape(gpus), later=later)
+
+
+def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = None) -> float:
+    order = shape_order(shape)
     if isinstance(app, SuccessiveHalvingScheduler):
+        current = app.current_phase()
         total = 0.0
-        for phase in range(app.current_phase(), app.num_phases() + 1):
-            total += phase_time(app.jobs_in_phase(phase, gpus), order, ordered=True)
+        for phase in range(current, app.num_phases() + 1):
+            if phase == current or later is None:
+                t = phase_time(app.jobs_in_phase(phase, order), order, ordered=True)
+            else:
+                t = later.get((phase, shape))
+                if t is None:
+                    t = later[(phase, shape)] = phase_time(app.jobs_in_phase(phase, order), order, ordered=True)
+            total += t
             if total == INFINITY:
                 break
         return total
     if isinstance(app, CurveStoppingScheduler):
-        return phase_time(app.jobs_remaining(gpus), order, ordered=True)
+        return phase_time(app.jobs_remaining(order), order, ordered=True)
     raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
+
+
+class TimeLeftCache:
+    """One app's remaining time by allocation shape, reused while its work is unchanged.
+
+    A round asks an app for rho under many allocations (its report, every bid row), all of the
+    same progress, and allocations of one shape have one answer (D1). Within a successive-halving
+    phase the later phases' times stay valid as the phase progresses (``plan_version``)."""
+
+    def __init__(self, app: AppScheduler):
+        self.app = app
+        self._now: dict[Shape, float] = {}
+        self._later: dict = {}
+        self._version = self._plan_version = -1
+
+    def __call__(self, gpus: Sequence[Position]) -> float:
+        app = self.app
+        if self._version != app.version:
+            self._now.clear()
+            self._version = app.version
+            if self._plan_version != app.plan_version:
+                self._later.clear()
+                self._plan_version = app.plan_version
+        shape = canonical_shape(gpus)
+        left = self._now.get(shape)
+        if left is None:
+            left = self._now[shape] = time_left_of_shape(app, shape, later=self._later)
+        return left
 
 
 def ideal_time(app: AppScheduler, *, n_avg: float, cluster_size: int) -> float:

@@ -11,6 +11,7 @@ Offers carry exactly that (D7), so agents never need the arbiter's cluster objec
 from __future__ import annotations
 
 import tomllib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -113,19 +114,20 @@ def _shipped() -> dict[str, ModelProfile]:
     return _SHIPPED
 
 
-def canonical_shape(positions: Iterable[Position]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+Shape = tuple[tuple[tuple[int, ...], ...], ...]
+
+
+def canonical_shape(positions: Iterable[Position]) -> Shape:
     """What an app can tell apart about a GPU set: per rack, per machine, the slot sizes.
 
     Two sets with the same shape give the same rho (S depends only on locality, D1), so bids and
     rho caches key on this instead of on GPU names.
     """
-    racks: dict[str, dict[str, dict[str, int]]] = {}
-    for rack, machine, slot in positions:
-        slots = racks.setdefault(rack, {}).setdefault(machine, {})
-        slots[slot] = slots.get(slot, 0) + 1
-    return tuple(
-        sorted(
-            (tuple(sorted((tuple(sorted(s.values(), reverse=True)) for s in ms.values()), reverse=True)))
-            for ms in racks.values()
-        )
-    )
+    machines: dict[tuple[str, str], list[int]] = {}
+    for (rack, machine, _), n in Counter(positions).items():
+        machines.setdefault((rack, machine), []).append(n)
+    racks: dict[str, list[tuple[int, ...]]] = {}
+    for (rack, _), sizes in machines.items():
+        sizes.sort(reverse=True)
+        racks.setdefault(rack, []).append(tuple(sizes))
+    return tuple(sorted(tuple(sorted(ms, reverse=True)) for ms in racks.values()))

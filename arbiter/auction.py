@@ -23,13 +23,16 @@ splits exactly:
 * apps whose rows share no GPU do not interact: the instance splits into connected components,
   each solved alone, and c_i depends only on i's component;
 * c_i = 1 without a re-solve when i wins nothing or when no other app bid on any GPU i won;
-* components small enough are solved by exact enumeration, the rest as a MILP through PuLP
-  (CBC or HiGHS) or directly through highspy with one persistent model per component whose
-  re-solves only change column bounds and start from the PF solution minus i.
+* small components are solved by exact branch and bound (all weights are positive, so each app
+  still to decide can add at most its best row); with the default solver, bigger ones get the
+  same search with a node budget of about one MILP solve's time, and only when that runs out a
+  MILP -- directly through highspy, with one persistent model per component whose re-solves only
+  change column bounds and start from the PF solution minus i -- or through PuLP (CBC or HiGHS).
 
-``solver`` picks the MILP backend: ``"highs"`` (default, highspy in-process), ``"pulp-highs"``
-(PuLP's HiGHS interface), ``"pulp-cbc"`` (PuLP + CBC, a process per solve). All are exact (gap 0);
-docs/auction.md has the measurements behind the default.
+``solver`` picks the MILP backend: ``"highs"`` (default: search first, then highspy in-process),
+``"pulp-highs"`` (PuLP's HiGHS interface), ``"pulp-cbc"`` (PuLP + CBC, a process per solve); the
+PuLP backends model every component past the small ones. All are exact (gap 0); docs/auction.md
+has the measurements behind the default.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ import os
 import random
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from protos.messages import BidTable, Position
@@ -48,7 +51,8 @@ from protos.messages import BidTable, Position
 MAX_ROWS = 4096
 SOLVERS = ("highs", "pulp-highs", "pulp-cbc")
 DEFAULT_SOLVER = "highs"
-_ENUMERATION_LIMIT = 4096
+_ENUMERATION_LIMIT = 4096  # components with at most this many row combinations: always searched
+_SEARCH_NODES = 5_000  # bigger ones: branch and bound up to about one MILP solve's time, then the MILP
 _EPS = 1e-9
 
 
@@ -133,7 +137,7 @@ def _weights(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[s
         if rows:
             hi = max(w for _, w, _ in rows)
             lo = min(0.0, min(w for _, w, _ in rows))
-            spread += hi - lo
+            spread += max(0.0, hi) - lo
             largest = max(largest, max(abs(w) for _, w, _ in rows))
             finite[app] = rows
     # Serving one more starving app gains at least M - largest and costs the others at most
@@ -187,28 +191,64 @@ def _components(rows: Mapping[str, list[tuple[int, float, int]]], starving: froz
     return [_Component(g, [rows[a] for a in g], starving & frozenset(g)) for g in groups.values()]
 
 
-def _enumerate(comp: _Component, skip: int | None) -> tuple[float, list[int]]:
-    """Exact optimum by enumeration; choice[i] = row position or -1 for the empty row."""
-    best_value, best_choice = 0.0, [-1] * len(comp.apps)
+class _SearchTooLong(Exception):
+    pass
 
-    def walk(i: int, used: int, value: float, choice: list[int]) -> None:
-        nonlocal best_value, best_choice
-        if i == len(comp.apps):
+
+def _search(
+    comp: _Component, skip: int | None, start: Sequence[int] | None = None, node_limit: int | None = None
+) -> tuple[float, list[int]] | None:
+    """Exact optimum by depth-first branch and bound; choice[i] = row position or -1.
+
+    Every weight is positive, so a partial choice can gain at most the best row of each app still
+    to decide; branches that cannot beat the best solution found so far (at first ``start``, a
+    feasible choice such as the PF solution minus the skipped app) are cut. Apps with the heaviest
+    rows are decided first, each trying its rows heaviest first. Returns None when ``node_limit``
+    nodes did not finish the search (the caller then solves the MILP).
+    """
+    n = len(comp.apps)
+    order = sorted(
+        (i for i in range(n) if i != skip and comp.rows[i]), key=lambda i: (-max(w for _, w, _ in comp.rows[i]), i)
+    )
+    rows = [
+        sorted(((mask, w, r) for r, (mask, w, _) in enumerate(comp.rows[i])), key=lambda row: (-row[1], row[2]))
+        for i in order
+    ]
+    suffix = [0.0] * (len(order) + 1)
+    for k in range(len(order) - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + rows[k][0][1]
+    best_value, best_choice = 0.0, [-1] * n
+    if start is not None:
+        best_choice = [c if i != skip else -1 for i, c in enumerate(start)]
+        best_value = sum(comp.rows[i][c][1] for i, c in enumerate(best_choice) if c >= 0)
+    choice = [-1] * n
+    budget = math.inf if node_limit is None else node_limit
+
+    def walk(k: int, used: int, value: float) -> None:
+        nonlocal best_value, best_choice, budget
+        budget -= 1
+        if budget < 0:
+            raise _SearchTooLong
+        if k == len(order):
             if value > best_value + _EPS:
                 best_value, best_choice = value, choice.copy()
             return
-        choice.append(-1)
-        walk(i + 1, used, value, choice)
-        choice.pop()
-        if i == skip:
+        if value + suffix[k] <= best_value + _EPS:
             return
-        for r, (mask, w, _) in enumerate(comp.rows[i]):
+        i, rest = order[k], suffix[k + 1]
+        for mask, w, r in rows[k]:
+            if value + w + rest <= best_value + _EPS:
+                break
             if not mask & used:
-                choice.append(r)
-                walk(i + 1, used | mask, value + w, choice)
-                choice.pop()
+                choice[i] = r
+                walk(k + 1, used | mask, value + w)
+        choice[i] = -1
+        walk(k + 1, used, value)
 
-    walk(0, 0, 0.0, [])
+    try:
+        walk(0, 0, 0.0)
+    except (_SearchTooLong, RecursionError):  # one level per app: huge components go to the MILP
+        return None
     return best_value, best_choice
 
 
@@ -344,13 +384,21 @@ class _ComponentSolver:
         for rows in comp.rows:
             size *= len(rows) + 1
         self.enumerate = size <= _ENUMERATION_LIMIT
+        # highspy's default path searches first; until a search runs out of nodes (then the MILP
+        # does every re-solve too). The PuLP backends solve every MILP-sized component with PuLP.
+        self.searchable = backend == "highs"
         self.local = threading.local()
         self.solves = 0
         self._lock = threading.Lock()
 
     def solve(self, skip: int | None = None, start: list[int] | None = None) -> tuple[float, list[int]]:
         if len(self.comp.apps) == 1 or self.enumerate:
-            return _enumerate(self.comp, skip)
+            return _search(self.comp, skip, start)
+        if self.searchable:
+            found = _search(self.comp, skip, start, _SEARCH_NODES)
+            if found is not None:
+                return found
+            self.searchable = False
         with self._lock:
             self.solves += 1
         if self.backend == "highs":
@@ -379,12 +427,27 @@ def _hidden_payments(
     """
     out = [1.0] * len(comp.apps)
     todo = []
+    used = footprint = 0
+    for j, rows in enumerate(comp.rows):
+        for m, _, _ in rows:
+            footprint |= m
+        if choice[j] >= 0:
+            used |= rows[choice[j]][0]
+    idle = footprint & ~used
+    unserved = [comp.rows[j] for j, r in enumerate(choice) if r < 0 and comp.apps[j] in comp.starving]
     for i, r in enumerate(choice):
         if r < 0:
             continue
         won = comp.rows[i][r][0]
-        if any(m & won for j, rows in enumerate(comp.rows) if j != i for m, _, _ in rows):
-            todo.append(i)
+        if not any(m & won for j, rows in enumerate(comp.rows) if j != i for m, _, _ in rows):
+            continue
+        # Without i, a starving app left out could take i's GPUs (and idle ones) while everyone
+        # else keeps theirs: more apps served, so c_i = 0 with no re-solve (same answer, D8).
+        room = won | idle
+        if any((m & ~room) == 0 for rows in unserved for m, _, _ in rows):
+            out[i] = 0.0
+            continue
+        todo.append(i)
 
     def resolve(i: int) -> tuple[int, float]:
         start = [c if j != i else -1 for j, c in enumerate(choice)]
@@ -395,7 +458,7 @@ def _hidden_payments(
             return i, 0.0
         return i, math.exp(min(0.0, with_i - max(without_i, with_i)))
 
-    if workers > 1 and len(todo) > 1 and not solver.enumerate:
+    if workers > 1 and len(todo) > 1 and not (solver.enumerate or solver.searchable):
         with ThreadPoolExecutor(min(workers, len(todo))) as pool:
             results = list(pool.map(resolve, todo))
     else:

@@ -82,6 +82,25 @@ class Cluster:
         g = self.gpus[gpu_id]
         return (g.rack, g.machine, g.slot)
 
+    def with_machine(self, rack: str, gpus: int, slots: int = 1) -> tuple[Cluster, str]:
+        """The cluster plus one machine of ``gpus`` GPUs split evenly over ``slots`` slots in
+        ``rack`` (a new rack if it has none yet), named like the file's machines; returns the new
+        cluster and the machine's name. The arbiter grows a running cluster with this."""
+        if not isinstance(rack, str) or not rack or "-" in rack or "/" in rack:
+            raise ValueError(f"rack name must be a non-empty string without '-' or '/', got {rack!r}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ValueError(f"a machine needs a positive number of GPUs, got {gpus!r}")
+        slots = slots or 1
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1 or gpus % slots:
+            raise ValueError(f"{gpus} GPUs cannot be split evenly over {slots!r} slots")
+        numbers = [int(m.rsplit("-m", 1)[1]) for m in self.machines if m.rsplit("-m", 1)[-1].isdigit()]
+        machine = f"{rack}-m{max(numbers, default=-1) + 1}"
+        per_slot = gpus // slots
+        added = {f"{machine}-g{k}": Gpu(f"{machine}-g{k}", f"{machine}-s{k // per_slot}", machine, rack, k)
+                 for k in range(gpus)}
+        order = (*self.gpu_ids, *added)
+        return Cluster(self.name, {**self.gpus, **added}, self.description, order), machine
+
     def subcluster(self, machines: Iterable[str], name: str | None = None) -> "Cluster":
         """The same cluster with only the given machines (for contention experiments)."""
         keep = set(machines)

@@ -59,6 +59,11 @@ class LeaseTable:
             self._add(lease)
         return leases
 
+    def restore(self, lease: Lease) -> None:
+        """Put back a lease exactly as it was (a round that failed after expiring it); refuses a
+        GPU someone holds, like every grant."""
+        self._add(lease)
+
     def release(self, app: str, gpus: Iterable[str] | None = None) -> frozenset[str]:
         """Give back ``gpus`` (all of the app's GPUs when None) before their leases run out."""
         owned = self._by_app.get(app, set())

@@ -4,7 +4,7 @@ Time is a number the caller passes in. The simulator drives the engine with a vi
 service with the wall clock; both go through the same steps (paper 4.2.2, Figure 7):
 
 1. :meth:`RoundEngine.open_round` expires leases, collects the free GPUs and asks every active
-   app for its current rho (:class:`RhoRequest`, carrying N_avg, D5);
+   app with unmet demand for its current rho (:class:`RhoRequest`, carrying N_avg, D5; D6);
 2. :meth:`OpenRound.report` takes each :class:`RhoReport` (rho and the app's current demand);
 3. :meth:`OpenRound.offers` filters the worst apps (the policy; D6) and makes their offers;
 4. :meth:`OpenRound.bid` validates each bid (D7); a bad bid is rejected with a reason and that app
@@ -32,6 +32,7 @@ from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
 DEFAULT_LEASE_S = 600.0
 DEFAULT_COALESCE_S = 1.0
+EXPIRY_WINDOW_SHARE = 0.1  # of the lease: how long an expiry waits for others to join its round
 
 
 class UnknownApp(KeyError):
@@ -64,6 +65,33 @@ class RoundResult:
     expired: tuple[Lease, ...] = ()  # leases that ran out when the round opened
 
 
+@dataclass(frozen=True)
+class AppRecord:
+    """An app as the engine keeps it: when it arrived, the contention integral then (D5), the
+    GPU-seconds it has held, and the demand it last stated."""
+
+    arrived: float
+    contention_at_arrival: float
+    attained: float
+    demand: int | None
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """Everything a restarted arbiter needs to go on where it stopped: the clock and contention
+    integral behind N_avg (D5), the round counter, the apps, every lease with its expiry, the
+    drained machines and the machines added at run time (rack, machine, gpus, slots)."""
+
+    clock: float
+    contention: float
+    round_id: int
+    pending_since: float | None
+    apps: Mapping[str, AppRecord]
+    leases: tuple[Lease, ...]
+    drained: frozenset[str] = frozenset()
+    added_machines: tuple[tuple[str, str, int, int], ...] = ()
+
+
 class AgentPort(Protocol):
     """How :meth:`RoundEngine.run_round` reaches an in-process agent."""
 
@@ -77,6 +105,7 @@ class _AppState:
     arrived: float
     contention_at_arrival: float
     attained: float = 0.0  # GPU-seconds held up to the engine's clock
+    demand: int | None = None  # GPUs it could use, as it last said; None until it says
 
 
 class RoundEngine:
@@ -89,16 +118,22 @@ class RoundEngine:
         *,
         lease_s: float = DEFAULT_LEASE_S,
         coalesce_s: float = DEFAULT_COALESCE_S,
+        expiry_window_s: float | None = None,
         seed: int = 0,
     ):
         if not lease_s > 0:
             raise ValueError(f"lease length must be > 0 seconds, got {lease_s}")
         if not coalesce_s >= 0:
             raise ValueError(f"coalescing window must be >= 0 seconds, got {coalesce_s}")
+        if expiry_window_s is None:
+            expiry_window_s = lease_s * EXPIRY_WINDOW_SHARE
+        if not expiry_window_s >= 0:
+            raise ValueError(f"expiry window must be >= 0 seconds, got {expiry_window_s}")
         self.cluster = cluster
         self.policy = policy
         self.lease_s = lease_s
         self.coalesce_s = coalesce_s
+        self.expiry_window_s = max(coalesce_s, expiry_window_s)
         self.seed = seed
         self.leases = LeaseTable()
         self.apps: dict[str, _AppState] = {}
@@ -107,8 +142,71 @@ class RoundEngine:
         self._clock = 0.0  # last time the contention integral was advanced
         self._contention = 0.0  # integral of (number of active apps) dt
         self._open: OpenRound | None = None
+        self.drained: set[str] = set()  # machines that get no new grants (their leases run out)
+        self.added_machines: list[tuple[str, str, int, int]] = []
+
+    # -- durable state and a changing cluster ------------------------------------------------
+
+    def state(self) -> EngineState:
+        """A snapshot to journal (the service writes one after every change)."""
+        return EngineState(
+            clock=self._clock,
+            contention=self._contention,
+            round_id=self.round_id,
+            pending_since=self._pending_since,
+            apps={a: AppRecord(s.arrived, s.contention_at_arrival, s.attained, s.demand) for a, s in self.apps.items()},
+            leases=tuple(sorted(self.leases, key=lambda lease: lease.gpu)),
+            drained=frozenset(self.drained),
+            added_machines=tuple(self.added_machines),
+        )
+
+    def restore(self, state: EngineState) -> None:
+        """Go on from ``state`` (a fresh engine over the cluster as it was started). Machines
+        added at run time are added again under the same names; every lease comes back with its
+        expiry, through the lease table, so no GPU can end up held twice."""
+        if self.apps or len(self.leases) or self.round_id:
+            raise RuntimeError("restore() needs a fresh engine")
+        for rack, machine, gpus, slots in state.added_machines:
+            self.cluster, name = self.cluster.with_machine(rack, gpus, slots)
+            if name != machine:
+                raise ValueError(f"journal names added machine {machine!r} but the cluster would call it {name!r}")
+            self.added_machines.append((rack, machine, gpus, slots))
+        unknown = sorted({lease.gpu for lease in state.leases} - set(self.cluster.gpus))
+        if unknown:
+            raise ValueError(f"journal has leases on GPUs this cluster does not have: {unknown[:5]}")
+        strays = sorted({lease.app for lease in state.leases} - set(state.apps))
+        if strays:
+            raise ValueError(f"journal has leases held by unknown apps: {strays[:5]}")
+        self._clock, self._contention = state.clock, state.contention
+        # A restart is a resource-available event (D10): a round that was open at the crash is lost,
+        # and its free GPUs must not wait for the next lease expiry.
+        self.round_id, self._pending_since = state.round_id, state.clock
+        for app, rec in state.apps.items():
+            self.apps[app] = _AppState(rec.arrived, rec.contention_at_arrival, rec.attained, rec.demand)
+        self.leases = LeaseTable(state.leases)
+        self.drained = set(state.drained) & set(self.cluster.machines)
+
+    def add_machine(self, rack: str, gpus: int, slots: int, now: float) -> str:
+        """Grow the cluster by one machine; its GPUs are free at once (a resource-available
+        event, D10). Returns the machine's name."""
+        self._advance(now)
+        self.cluster, name = self.cluster.with_machine(rack, gpus, slots)
+        self.added_machines.append((rack, name, gpus, slots or 1))
+        self._note(now)
+        return name
+
+    def drain(self, machine: str) -> None:
+        """No new grants on ``machine``; the leases on it run out as usual."""
+        if machine not in self.cluster.machines:
+            raise KeyError(f"unknown machine {machine!r}")
+        self.drained.add(machine)
 
     # -- apps and N_avg (D5) -------------------------------------------------------------
+
+    @property
+    def clock(self) -> float:
+        """The latest time the engine has been told (its clock never goes back)."""
+        return self._clock
 
     def _advance(self, now: float) -> None:
         """Move the engine's clock, integrating contention (D5) and attained GPU service."""
@@ -175,28 +273,59 @@ class RoundEngine:
         if self._pending_since is None or now < self._pending_since:
             self._pending_since = now
 
-    def note_gpus_added(self, now: float) -> None:
-        """The cluster grew (the service calls this after adding a machine)."""
-        self._note(now)
-
-    def note_demand(self, now: float) -> None:
-        """An app wants more GPUs while some are free (e.g. a new phase of its search): a
-        resource-available event for it (D10), so free GPUs do not wait for a lease expiry."""
-        if self.free_gpus():
+    def set_demand(self, app: str, demand: int, now: float) -> None:
+        """The app says how many GPUs it could use in all (e.g. a new phase of its search). Rounds
+        ask only apps that want more than they hold (D6), so an app must say when its demand
+        changes; wanting more while GPUs are free is a resource-available event (D10)."""
+        state = self.apps.get(app)
+        if state is None:
+            raise UnknownApp(app)
+        if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
+            raise ValueError(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
+        before = state.demand
+        state.demand = demand
+        held = len(self.leases.held_by(app))
+        if demand > held and (before is None or before <= held or demand > before) and self.free_gpus():
             self._note(now)
 
+    def note_ready(self, app: str, now: float) -> None:
+        """The app's agent (re)connected: if it wants more than it holds while GPUs are free, that
+        is a resource-available event (D10), as for an arriving app -- e.g. after an arbiter
+        restart, when the agents come back after the restart's own round."""
+        if app not in self.apps:
+            raise UnknownApp(app)
+        if self.wants_more(app) and self.free_gpus():
+            self._note(now)
+
+    def wants_more(self, app: str) -> bool:
+        """Whether a round should ask the app for rho: it wants more GPUs than it holds, or has
+        not said what it wants yet (D6)."""
+        state = self.apps[app]
+        return state.demand is None or state.demand > len(self.leases.held_by(app))
+
     def next_wakeup(self) -> float | None:
-        """The earliest time a round may be due: a pending event or a lease expiry, plus the
-        coalescing window."""
-        events = [t for t in (self._pending_since, self.leases.next_expiry()) if t is not None]
-        return min(events) + self.coalesce_s if events else None
+        """The earliest time a round may be due (D10): a pending event plus the coalescing window,
+        or the next lease expiry plus the expiry window. A lease runs on until the round that
+        re-auctions it, so waiting for other expiries to join costs no idle GPU time; it makes
+        rounds fewer and bigger (better packing, fewer restarts, D11)."""
+        events = []
+        if self._pending_since is not None:
+            events.append(self._pending_since + self.coalesce_s)
+        expiry = self.leases.next_expiry()
+        if expiry is not None:
+            events.append(expiry + self.expiry_window_s)
+        return min(events) if events else None
 
     def round_due(self, now: float) -> bool:
         wake = self.next_wakeup()
         return wake is not None and now >= wake and self._open is None
 
     def free_gpus(self) -> frozenset[str]:
-        return frozenset(self.cluster.gpus) - self.leases.taken()
+        """GPUs nobody holds, on machines that are not drained."""
+        free = frozenset(self.cluster.gpus) - self.leases.taken()
+        if self.drained:
+            free = frozenset(g for g in free if self.cluster.gpus[g].machine not in self.drained)
+        return free
 
     def held(self, app: str) -> frozenset[str]:
         return self.leases.held_by(app)
@@ -257,6 +386,7 @@ class OpenRound:
         self.now = now
         self.free = engine.free_gpus()
         cluster = engine.cluster
+        extras = engine.policy.report_extras
         self.requests = [
             RhoRequest(
                 round_id,
@@ -265,8 +395,10 @@ class OpenRound:
                 engine.n_avg(app, now),
                 cluster.size,
                 {g: cluster.position(g) for g in sorted(engine.held(app))},
+                extras,
             )
             for app in sorted(engine.apps)
+            if engine.wants_more(app)
         ]
         self._reports: dict[str, RhoReport] = {}
         self._offers: dict[str, Offer] | None = None
@@ -290,6 +422,7 @@ class OpenRound:
         if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
             raise InvalidReport(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
         self._reports[app] = report
+        self.engine.apps[app].demand = demand
 
     def note_failure(self, app: str, reason: str) -> None:
         self.rejected[app] = reason
@@ -317,6 +450,7 @@ class OpenRound:
             attained={app: self.engine.attained(app, self.now) for app in self.engine.apps},
             arrived={app: state.arrived for app, state in self.engine.apps.items()},
             previous=self.previous,
+            offered=frozenset(self._offers or ()),
         )
 
     def offers(self) -> dict[str, Offer]:
@@ -359,9 +493,26 @@ class OpenRound:
             raise
         self._bids[app] = table
 
+    def abandon(self) -> None:
+        """Give up on the round (the service calls this when something failed before it closed):
+        nothing is granted, the leases that expired at its opening are put back -- their holders
+        were never told -- and a new round is due, so no GPU waits for an unrelated event."""
+        if self.engine._open is self:
+            self._undo([])
+            self.engine._closed()
+
+    def _undo(self, granted: list[tuple[str, frozenset[str]]]) -> None:
+        for app, gpus in granted:
+            self.engine.leases.release(app, gpus)
+        for lease in self.expired:
+            if lease.app in self.engine.apps and self.engine.leases.holder(lease.gpu) is None:
+                self.engine.leases.restore(lease)
+        self.engine._note(self.now)
+
     def close(self) -> RoundResult:
         """Steps 4-5: allocate and lease. The round's GPUs were free when it opened and nothing
         else grants GPUs meanwhile, so the lease table's all-or-nothing grant cannot conflict."""
+        made: list[tuple[str, frozenset[str]]] = []
         try:
             offers = self.offers()
             ctx = self._context()
@@ -379,6 +530,7 @@ class OpenRound:
                         raise RuntimeError(f"policy {self.engine.policy.name} granted GPUs that were not free: {app}")
                     given |= gpus
                     self.engine.leases.grant(app, gpus, now=self.now, expires_at=expires, round_id=self.round_id)
+                    made.append((app, gpus))
                     won = decision.auction.granted if decision.auction else {}
                     source = "auction" if app in won else "leftover" if app in decision.leftover_granted else "policy"
                     grants.append(Grant(app, gpus, expires, self.round_id, source))
@@ -398,6 +550,9 @@ class OpenRound:
                 unmet_after={a: n for a, n in unmet_after.items() if n > 0},
                 expired=self.expired,
             )
+        except BaseException:
+            self._undo(made)  # a failed round grants nothing and takes nothing away
+            raise
         finally:
             self.engine._closed()
 

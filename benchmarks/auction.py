@@ -13,7 +13,7 @@ script measures it in three parts:
   median and p95 time, MILP solves per round, rows per bid, and the time to build one bid table.
   Cells of up to 16 bidders (all cells with ``--plain-all``) are also checked against the plain
   model below, which exercises the Nash-welfare convention for apps holding nothing (D8).
-* ``yardstick``: the 60 fixed instances of ``shared/data/auction-instances`` with the default
+* ``yardstick``: the 60 fixed instances of ``data/auction-instances`` (the shared yardstick) with the default
   solver, against the reference times in that README (a plain PuLP + CBC model on the developers'
   machine). The same plain model is also written here and run in the same process as a same-run
   reference where the README's median is at most 1.3 s (every cell with ``--plain-all``); its
@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import pulp
+from machine import machine_info
+from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -53,8 +55,6 @@ from agent.bidding import make_bid
 from agent.placement import Slowdown
 from arbiter.auction import DEFAULT_SOLVER, SOLVERS, AuctionOutcome, run_auction
 from arbiter.cluster import Cluster, load_cluster
-from machine import machine_info
-from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from protos.messages import BidTable, Offer, Position
 
 Cell = tuple[int, int]  # (free GPUs, bidders)
@@ -62,11 +62,11 @@ Cell = tuple[int, int]  # (free GPUs, bidders)
 GRID_FREE = (16, 64, 256)
 GRID_BIDDERS = (4, 8, 16, 32)
 CLUSTER = "sim-256"
-DEFAULT_INSTANCES = Path(__file__).resolve().parents[2] / "shared" / "data" / "auction-instances" / "instances.json"
+DEFAULT_INSTANCES = Path(__file__).resolve().parents[1] / "data" / "auction-instances" / "instances.json"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "auction.json"
 
 # Median time of a full round (PF solve + one re-solve per winner) with a plain PuLP + CBC model,
-# from the table in shared/data/auction-instances/README.md (beside this repository). Cells it does not list have none.
+# from the table in data/auction-instances/README.md (a copy of the shared yardstick). Cells it does not list have none.
 REFERENCE_MEDIAN_S: dict[Cell, float] = {
     (16, 4): 0.16,
     (64, 4): 0.23,

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import machine_info
+from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -35,8 +37,6 @@ from agent.appsched import SuccessiveHalvingApp
 from agent.bidding import make_bid
 from agent.placement import Slowdown
 from arbiter.cluster import Cluster, load_cluster
-from machine import machine_info
-from offers import PROFILE_SOURCE, fragmented_free, slowdown_models
 from protos.messages import Offer
 
 CLUSTER = "sim-256"

@@ -37,10 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from machine import machine_info
 from rich.console import Console
 from rich.table import Table
-
-from machine import machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, this file's folder comes first on sys.path and this module (benchmarks/simulator.py)

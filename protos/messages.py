@@ -40,7 +40,9 @@ class Offer:
 
 @dataclass(frozen=True)
 class RhoRequest:
-    """Paper 4.2.2 step 1: "the Arbiter asks all apps for current finish-time fair metric estimates"."""
+    """Paper 4.2.2 step 1: "the Arbiter asks all apps for current finish-time fair metric estimates"
+    -- all apps that want more GPUs than they hold (D6). ``extras`` names the report fields beyond
+    rho and demand that the round's policy reads, so agents compute only those."""
 
     round_id: int
     app: str
@@ -48,6 +50,7 @@ class RhoRequest:
     n_avg: float
     cluster_size: int
     held: Mapping[str, Position]
+    extras: frozenset[str] = frozenset()  # RhoReport fields beyond rho and demand the policy reads
 
 
 @dataclass(frozen=True)

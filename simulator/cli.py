@@ -42,6 +42,7 @@ def simulate(
     lease: float = 600.0,
     restart: float = DEFAULT_RESTART_S,
     coalesce: float = DEFAULT_COALESCE_S,
+    expiry_window: float | None = None,
     seed: int = 0,
     show_progress: bool = True,
     workload_knobs: dict[str, Any] | None = None,
@@ -53,7 +54,7 @@ def simulate(
     options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
-        coalesce_s=coalesce, seed=seed, agent_factory=agent_factory,
+        coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
     )
     if show_progress:
         with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
@@ -69,7 +70,8 @@ def simulate(
     else:
         result = sim.run()
     return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
-                     restart_s=restart, coalesce_s=coalesce, seed=seed, workload_source=the_workload.source)
+                     restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
+                     workload_source=the_workload.source)
 
 
 HEADLINE = [
@@ -114,6 +116,8 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--restart", type=float, default=DEFAULT_RESTART_S, help="restart delay in seconds (D11)")
     p.add_argument("--coalesce", type=float, default=DEFAULT_COALESCE_S,
                    help="seconds of events coalesced into one round (D10); larger is faster, coarser")
+    p.add_argument("--expiry-window", type=float, default=None,
+                   help="seconds a lease expiry waits for others to join its round (D10; default lease/10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="output folder")
 
@@ -121,7 +125,7 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     summary = simulate(cluster=args.cluster, workload=args.workload, policy=args.policy,
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
-                       coalesce=args.coalesce, seed=args.seed)
+                       coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed)
     path = write_summary(summary, args.out)
     out_console.print(summary_table([summary], f"{args.workload} on {args.cluster}"))
     console.print(f"wrote {path}")
@@ -139,7 +143,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for policy in policies:
         s = simulate(cluster=args.cluster, workload=args.workload, policy=policy,
                      fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
-                     coalesce=args.coalesce, seed=args.seed)
+                     coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed)
         write_summary(s, args.out / policy)
         summaries.append(s)
     out_console.print(summary_table(summaries, f"{args.workload} on {args.cluster}"))

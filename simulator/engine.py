@@ -86,6 +86,7 @@ class Simulation:
         lease_s: float = 600.0,
         restart_s: float = DEFAULT_RESTART_S,
         coalesce_s: float = DEFAULT_COALESCE_S,
+        expiry_window_s: float | None = None,
         seed: int = 0,
         profiles: dict[str, ModelProfile] | None = None,
         agent_factory: Callable[[AppSpec, AppScheduler], Agent] | None = None,
@@ -97,7 +98,9 @@ class Simulation:
         self.workload = workload
         self.policy = policy
         self.restart_s = restart_s
-        self.engine = RoundEngine(cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, seed=seed)
+        self.engine = RoundEngine(
+            cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, expiry_window_s=expiry_window_s, seed=seed
+        )
         self.profiles = profiles or load_profiles()
         self.agent_factory = agent_factory or (lambda spec, app: Agent(app))
         self.keep_rounds = keep_rounds
@@ -181,10 +184,10 @@ class Simulation:
                 jr.rate = min(len(gpus), job.demand_max) / (job.iter_time_serial * jr.slowdown)
             else:
                 jr.rate = 0.0
-        if pool and len(held) > run.app.demand_now():
+        demand = run.app.demand_now()
+        if pool and len(held) > demand:
             self.engine.release(name, pool, self.now)
-        elif run.app.demand_now() > len(held) and self.engine.free_gpus():
-            self.engine.note_demand(self.now)
+        self.engine.set_demand(name, demand, self.now)
 
     def _progress(self, until: float) -> None:
         """Run every job from ``self.now`` to ``until`` (no event falls in between)."""

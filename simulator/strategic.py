@@ -172,10 +172,6 @@ class StrategicAgent(Agent):
         super().__init__(app)
         self.plan = plan
 
-    def lefts(self) -> dict:
-        """No reuse across calls: what a liar says is not what its app would do."""
-        return {}
-
     def report(self, request: RhoRequest) -> RhoReport:
         truthful_app, self.app = self.app, self.plan.view(self.app)
         try:

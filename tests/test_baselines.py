@@ -265,7 +265,7 @@ FIRST = {
 @pytest.mark.parametrize("name", BASELINES)
 def test_the_engine_runs_each_baseline_by_name(name):
     cluster = TESTBED.subcluster(["r0-m0", "r0-m4"])  # 2 + 4 GPUs
-    engine = RoundEngine(cluster, make_policy(name), lease_s=10.0, coalesce_s=0.0)
+    engine = RoundEngine(cluster, make_policy(name), lease_s=10.0, coalesce_s=0.0, expiry_window_s=0.0)
     agents = {
         "a": Scripted(4, remaining_s=500.0, slowdown=(1.0, 1.0, 1.0, 1.0), loss_decrease=1.0),
         "b": Scripted(4, remaining_s=100.0, slowdown=(1.0, 1.0, 2.0, 3.0), loss_decrease=0.5),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.appsched import CurveJob, CurveStoppingApp, JobInfo, SingleJobApp, SuccessiveHalvingApp
 from agent.curves import predict_stop
@@ -174,3 +176,44 @@ def test_rho_depends_only_on_the_shape_of_the_allocation():
         a = finish_time_fairness(app, gpus, now=10, n_avg=2, cluster_size=64)
         b = finish_time_fairness(app, renamed, now=10, n_avg=2, cluster_size=64)
         assert a == pytest.approx(b, rel=1e-12)
+
+
+# -- the agent's reuse of remaining times (TimeLeftCache) ----------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.integers(2, 16),
+    phases=st.integers(1, 4),
+    grow=st.booleans(),
+    steps=st.lists(st.tuples(st.integers(0, 15), st.floats(0.0, 400.0), st.integers(1, 40)), min_size=1, max_size=25),
+)
+def test_reused_times_equal_fresh_ones_as_a_halving_app_progresses(jobs, phases, grow, steps):
+    """Later phases are cached across progress (plan_version); every answer must still equal a
+    computation from scratch, through advances and phase ends alike."""
+    from agent.fairness import TimeLeftCache, shared_time_left
+
+    jobs = max(jobs, 2 ** (phases - 1))
+    app = SuccessiveHalvingApp([1.0 + k / 7 for k in range(jobs)], [300.0] * phases, job_demand_max=2,
+                               grow_demand=grow, slowdown=(1.0, 1.1, 1.4, 2.0))
+    cache = TimeLeftCache(app)
+    for pick, iters, n in steps:
+        if app.finished():
+            break
+        gpus = [(f"r{g // 32}", f"r{g // 32}-m{g // 8}", f"s{g // 4}") for g in range(0, 3 * n, 3)]
+        assert cache(gpus) == pytest.approx(shared_time_left(app, gpus), rel=1e-12)
+        for k, job in enumerate(app.phase_jobs()):
+            app.advance(job, iters * (1 + (k + pick) % 3) / 2)
+        if app.phase_done():
+            app.end_phase(app.phase_jobs()[: max(1, len(app.phase_jobs()) // 2)])
+
+
+def test_a_halving_app_keeps_its_plan_while_its_phase_progresses():
+    app = SuccessiveHalvingApp([1.0, 2.0, 3.0, 4.0], [10.0, 10.0])
+    version, plan = app.version, app.plan_version
+    app.advance("job0", 5.0)
+    assert app.version > version and app.plan_version == plan
+    for j in app.phase_jobs():
+        app.advance(j, 10.0)
+    app.end_phase(["job1", "job2"])
+    assert app.plan_version > plan

@@ -74,6 +74,7 @@ def drive(seed: int, n_apps: int = 12, lease_s: float = 300.0, f: float = 0.8):
             held = [cluster.position(g) for g in sorted(engine.held(name))]
             if held:
                 train(apps[name], held, STEP, rng)
+                engine.set_demand(name, apps[name].demand_now(), now)
             if apps[name].finished():
                 for gpu in engine.remove_app(name, now + STEP):
                     assert holder.pop(gpu) == name
@@ -90,7 +91,7 @@ def test_every_app_finishes_and_rounds_happen(run):
     engine, apps, results = run
     assert not engine.apps
     assert all(app.finished() for app in apps.values())
-    assert len(results) > 30
+    assert len(results) >= 20
     assert len(engine.leases) == 0
 
 
@@ -189,7 +190,7 @@ def test_rounds_are_due_on_events_after_the_coalescing_window():
     agent = Agent(SingleJobApp(JobInfo(1000, 1.0, demand_max=2)))
     r = e.run_round(15, {"a": agent})
     assert [len(g.gpus) for g in r.grants] == [2]
-    assert e.next_wakeup() == 115 + 5  # the lease expiry, coalesced
+    assert e.next_wakeup() == 115 + 10  # the lease expiry plus the expiry window (lease / 10, D10)
     e.release("a", list(e.held("a"))[:1], 50)
     assert e.next_wakeup() == 55
 
@@ -233,3 +234,177 @@ def test_a_report_with_nan_rho_is_refused():
     e.add_app("a", 0)
     r = e.run_round(1, {"a": Scripted(rho=float("nan"))})
     assert "rho must be > 0" in r.rejected["a"] and r.grants == ()
+
+
+class Counting(Scripted):
+    """A scripted agent that counts the rho requests it gets and keeps what they asked for."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.requests = []
+
+    def report(self, request):
+        self.requests.append(request)
+        return super().report(request)
+
+
+def test_only_apps_that_want_more_than_they_hold_are_asked_for_rho():
+    """D6: the arbiter asks every active app with unmet demand; a satisfied app is not asked until
+    it says its demand grew, and that (with GPUs free) is a resource-available event (D10)."""
+    e = small_engine(coalesce_s=1, lease_s=1000)
+    a, b = Counting(demand=2), Counting(demand=2)
+    e.add_app("a", 0)
+    e.add_app("b", 0)
+    r = e.run_round(1, {"a": a, "b": b})
+    assert sorted(r.rho) == ["a", "b"]  # nobody has said its demand yet: both asked
+    assert sorted(len(g.gpus) for g in r.grants) == [2, 2]
+    e.add_app("c", 5)
+    c = Counting(demand=1)
+    r = e.run_round(6, {"a": a, "b": b, "c": c})
+    assert list(r.rho) == ["c"] and len(a.requests) == len(b.requests) == 1
+    assert not e.round_due(50)
+    a.demand = 3
+    e.set_demand("a", 3, 50)
+    assert e.next_wakeup() == 51 and e.round_due(51)
+    r = e.run_round(51, {"a": a, "b": b, "c": c})
+    assert list(r.rho) == ["a"] and [(g.app, len(g.gpus)) for g in r.grants] == [("a", 1)]
+    with pytest.raises(ValueError, match="demand"):
+        e.set_demand("a", -1, 52)
+    with pytest.raises(KeyError):
+        e.set_demand("nobody", 1, 52)
+
+
+def test_a_request_names_the_report_fields_the_policy_reads():
+    for policy, extras in (("themis", set()), ("optimus", {"remaining_s"}), ("gandiva", {"slowdown"}),
+                           ("slaq", {"loss_decrease"}), ("fifo", set())):
+        cluster = load_cluster("testbed-64").subcluster(["r0-m0"])
+        e = RoundEngine(cluster, make_policy(policy))
+        e.add_app("a", 0)
+        agent = Counting(demand=1)
+        e.run_round(1, {"a": agent})
+        assert agent.requests[0].extras == extras, policy
+    app = Agent(SingleJobApp(JobInfo(100, 1.0, demand_max=2)))
+    e = RoundEngine(load_cluster("testbed-64").subcluster(["r0-m0"]), make_policy("themis"))
+    e.add_app("a", 0)
+    themis_request = e.open_round(1).requests[0]
+    assert math.isinf(app.report(themis_request).remaining_s)  # not computed when not asked for
+    e._closed()
+    e2 = RoundEngine(load_cluster("testbed-64").subcluster(["r0-m0"]), make_policy("optimus"))
+    e2.add_app("a", 0)
+    assert app.report(e2.open_round(1).requests[0]).remaining_s == pytest.approx(50.0)
+
+
+def test_expiries_wait_for_each_other_but_leases_run_on_until_their_round():
+    """D10: an expiry's round waits ``expiry_window_s`` for other expiries to join; until that
+    round the expired lease still holds its GPUs, so the wait leaves nothing idle."""
+    e = small_engine(coalesce_s=1, lease_s=100, expiry_window_s=30)
+    a, b = Counting(demand=2), Counting(demand=4)
+    e.add_app("a", 0)
+    e.run_round(1, {"a": a})  # a's lease ends at 101
+    e.add_app("b", 20)
+    e.run_round(21, {"a": a, "b": b})  # b's lease ends at 121
+    assert e.next_wakeup() == 101 + 30 and not e.round_due(130)
+    assert len(e.held("a")) == 2  # past its expiry, still held until the round
+    r = e.run_round(131, {"a": a, "b": b})
+    assert sorted(lease.app for lease in r.expired) == ["a", "a", "b", "b", "b", "b"]
+    with pytest.raises(ValueError, match="expiry window"):
+        small_engine(expiry_window_s=-1)
+
+
+def test_engine_state_round_trips_through_the_journal(tmp_path):
+    """A restarted arbiter restores apps, leases with their expiries, N_avg's history, drained and
+    added machines, and the round counter (the service's durable state)."""
+    from arbiter.rounds import EngineState
+    from arbiter.store import Store, StoreError
+
+    e = small_engine(lease_s=100)
+    e.add_app("a", 0)
+    e.add_app("b", 10)
+    e.run_round(11, {"a": Counting(demand=2), "b": Counting(demand=3)})
+    e.set_demand("a", 4, 12)
+    machine = e.add_machine("r9", 2, 1, 20)
+    e.drain("r0-m0")
+    store = Store(tmp_path / "j.db")
+    store.bind_cluster(e.cluster.name)
+    store.save(e.state(), settings={"policy": "themis"}, rho={"a": math.inf, "b": 1.5})
+    store.close()
+    store = Store(tmp_path / "j.db")
+    state, settings = store.load()
+    assert settings == {"policy": "themis"} and store.last_rho() == {"a": math.inf, "b": 1.5}
+    fresh = small_engine(lease_s=100)
+    fresh.restore(state)
+    from dataclasses import replace
+
+    assert fresh.state() == replace(e.state(), pending_since=state.clock)  # a restart is an event (D10)
+    assert machine in fresh.cluster.machines and fresh.drained == {"r0-m0"}
+    assert fresh.n_avg("a", 50) == e.n_avg("a", 50) and fresh.round_due(state.clock + fresh.coalesce_s)
+    assert not any(fresh.cluster.gpus[g].machine == "r0-m0" for g in fresh.free_gpus())
+    with pytest.raises(RuntimeError):
+        fresh.restore(state)  # only into a fresh engine
+    bad = EngineState(0, 0, 0, None, {}, tuple(state.leases))
+    with pytest.raises(ValueError, match="unknown apps"):
+        small_engine().restore(bad)
+    with pytest.raises(StoreError, match="belongs to cluster"):
+        store.bind_cluster("another-cluster")
+    import sqlite3
+
+    with pytest.raises(sqlite3.IntegrityError):  # the journal itself cannot hold one GPU twice
+        lease = state.leases[0]
+        store.db.execute("INSERT INTO leases VALUES (?, ?, ?, ?, ?)", (lease.gpu, "other", 0, 1, 1))
+
+
+def test_a_drained_machine_gets_no_new_grants_and_an_added_one_is_offered():
+    e = small_engine(lease_s=100)
+    e.drain("r0-m4")
+    e.add_app("a", 0)
+    r = e.run_round(1, {"a": Counting(demand=6)})
+    got = {g for grant in r.grants for g in grant.gpus}
+    assert got == set(e.cluster.machines["r0-m0"])
+    name = e.add_machine("r0", 4, 2, 5)
+    assert name == "r0-m5" and e.round_due(6)
+    r = e.run_round(6, {"a": Counting(demand=6)})
+    assert {g for grant in r.grants for g in grant.gpus} == set(e.cluster.machines[name])
+    with pytest.raises(KeyError):
+        e.drain("nowhere")
+    with pytest.raises(ValueError):
+        e.add_machine("r0", 3, 2, 7)  # 3 GPUs cannot split over 2 slots
+
+
+def test_an_abandoned_round_leaves_the_engine_ready_for_the_next():
+    e = small_engine(lease_s=100)
+    e.add_app("a", 0)
+    rnd = e.open_round(1)
+    rnd.abandon()
+    assert e.round_due(2)  # the free GPUs are still waiting for a round
+    r = e.run_round(2, {"a": Counting(demand=2)})
+    assert r.round_id == 2 and sum(len(g.gpus) for g in r.grants) == 2
+
+
+def test_a_round_that_fails_takes_nothing_away_and_grants_nothing():
+    """A policy error mid-round (or a failed journal write before close) must not drop the expired
+    leases unannounced nor keep half-made grants: the round is undone and a new one is due."""
+
+    class Exploding:
+        name = "exploding"
+        report_extras = frozenset()
+
+        def bidders(self, rho, ctx):
+            return []
+
+        def allocate(self, ctx, bids):
+            raise RuntimeError("boom")
+
+    e = small_engine(lease_s=10, expiry_window_s=0)
+    e.add_app("a", 0)
+    e.run_round(1, {"a": Counting(demand=2)})
+    held = e.held("a")
+    e.add_app("b", 2)
+    e.policy = Exploding()
+    with pytest.raises(RuntimeError, match="boom"):
+        e.run_round(12, {"a": Counting(demand=2), "b": Counting(demand=4)})
+    assert e.held("a") == held and not e.held("b")  # a's expired lease is back: it was never told otherwise
+    assert e.round_due(13)
+    rnd = e.open_round(13)
+    assert {lease.gpu for lease in rnd.expired} == held
+    rnd.abandon()
+    assert e.held("a") == held and e.round_due(14)

@@ -35,6 +35,7 @@ class RoundContext:
     attained: Mapping[str, float] = field(default_factory=dict)  # GPU-seconds held so far (LAS)
     arrived: Mapping[str, float] = field(default_factory=dict)  # arrival times (FIFO)
     previous: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPUs whose lease just ran out
+    offered: frozenset[str] = frozenset()  # apps that got this round's offer (D6)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Decision:
 
 class Policy(ABC):
     name: ClassVar[str]
+    #: the RhoReport fields beyond rho and demand this policy allocates by (sent in RhoRequest)
+    report_extras: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:

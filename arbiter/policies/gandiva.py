@@ -25,6 +25,7 @@ from arbiter.policies.greedy import GreedyPolicy, unless_nan
 
 class GandivaPolicy(GreedyPolicy):
     name = "gandiva"
+    report_extras = frozenset({"slowdown"})
 
     def priority(self, app: str, ctx: RoundContext) -> tuple[float, ...]:
         report = ctx.reports.get(app)

@@ -24,6 +24,7 @@ from arbiter.policies.greedy import GreedyPolicy, unless_nan
 
 class OptimusPolicy(GreedyPolicy):
     name = "optimus"
+    report_extras = frozenset({"remaining_s"})
 
     def priority(self, app: str, ctx: RoundContext) -> tuple[float, ...]:
         report = ctx.reports.get(app)

@@ -25,6 +25,7 @@ from arbiter.policies.greedy import GreedyPolicy, unless_nan
 
 class SlaqPolicy(GreedyPolicy):
     name = "slaq"
+    report_extras = frozenset({"loss_decrease"})
 
     def priority(self, app: str, ctx: RoundContext) -> tuple[float, ...]:
         report = ctx.reports.get(app)

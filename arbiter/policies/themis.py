@@ -48,7 +48,7 @@ class ThemisPolicy(Policy):
         outcome = run_auction(ctx.free, bids, seed=ctx.seed, solver=self.solver, position=ctx.position)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
         extra = hand_out_leftover(outcome.leftover, unmet, bids, rng=ctx.rng, position=ctx.position,
-                                  previous=ctx.previous)
+                                  previous=ctx.previous, offered=ctx.offered)
         granted = dict(outcome.granted)
         for app, gpus in extra.items():
             granted[app] = granted.get(app, frozenset()) | gpus

@@ -1,0 +1,69 @@
+"""Jobs that progress on the wall clock exactly as Eq. 1 says, on the GPUs the app holds.
+
+A stand-in for real training processes (the launcher of the adapters issue runs those), so that
+the service can be run, demonstrated and tested end to end with the apps of ``agent.app_config``:
+each tick, every job of the current phase advances by the elapsed time over its iteration time on
+its share of the held GPUs (D3's split, D1's slowdown); a successive-halving phase that is done
+keeps its faster half; GPUs the app can no longer use are released at once, and the agent tells
+the arbiter when its demand changes (D6). ``speedup`` runs the jobs faster than real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from agent.appsched import AppScheduler, FixedJobsApp, SuccessiveHalvingApp
+from agent.client import AgentClient
+from agent.fairness import job_time, split_allocation
+
+log = logging.getLogger("themis.agent")
+
+
+class EmulatedJobs:
+    def __init__(self, client: AgentClient, app: AppScheduler, *, speedup: float = 1.0, tick_s: float = 0.2):
+        if not isinstance(app, (SuccessiveHalvingApp, FixedJobsApp)):
+            raise TypeError(f"emulated jobs run successive-halving or fixed-job apps, not {type(app).__name__}")
+        if not speedup > 0:
+            raise ValueError(f"speedup must be > 0, got {speedup}")
+        self.client, self.app, self.speedup, self.tick_s = client, app, speedup, tick_s
+        self.demand = app.demand_now()
+        self.finished_at: float | None = None
+
+    def _jobs(self, positions):
+        app = self.app
+        if isinstance(app, SuccessiveHalvingApp):
+            return app.jobs_in_phase(app.current_phase(), positions)
+        return app.jobs_remaining(positions)
+
+    def step(self, dt: float) -> None:
+        """Advance the jobs by ``dt`` seconds of (emulated) training on the GPUs held now."""
+        held = dict(self.client.held)
+        positions = [h.position for h in held.values()]
+        if positions and dt > 0:
+            for job, chunk in split_allocation(self._jobs(positions), positions):
+                t = job_time(job, chunk)
+                if t > 0:
+                    self.app.advance(job.job_id, job.iters_remaining * min(1.0, dt / t))
+        app = self.app
+        if isinstance(app, SuccessiveHalvingApp) and app.phase_done():
+            speed = {j: app._times[j] for j in app.phase_jobs()}
+            app.end_phase(sorted(speed, key=lambda j: (speed[j], j))[: max(1, len(speed) // 2)])
+        demand = app.demand_now()
+        if demand != self.demand:
+            self.demand = demand
+            if demand and len(held) > demand:
+                self.client.release(sorted(held)[demand:])
+            self.client.set_demand(demand)
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while not self.app.finished():
+            await asyncio.sleep(self.tick_s)
+            now = time.monotonic()
+            self.step((now - last) * self.speedup)
+            last = now
+        self.finished_at = time.time()
+        self.client.done()
+        log.info("app %s finished", self.client.app)

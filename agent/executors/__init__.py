@@ -1,0 +1,7 @@
+"""Executors: where and how the launcher's jobs run (issue 6). See :mod:`agent.executors.base`."""
+
+from agent.executors.base import EXECUTORS, Executor, Handle, JobCommand, LaunchError, Status, make_executor, register
+from agent.executors.local import LocalExecutor
+
+__all__ = ["EXECUTORS", "Executor", "Handle", "JobCommand", "LaunchError", "LocalExecutor", "Status", "make_executor",
+           "register"]

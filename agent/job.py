@@ -1,0 +1,293 @@
+"""The job's side of the launcher: what a training script calls to report metrics and to honour stops.
+
+Two lines in a training loop::
+
+    job = Job.from_env()                      # reads what the launcher put in the environment
+    for iteration in range(start + 1, n + 1):
+        loss = train_one_iteration()
+        if job.step(iteration, loss):         # reports (iteration, loss, measured time per iteration)
+            break                             # the launcher asked the job to stop, or the target is reached
+    job.save(state)                           # checkpoint (atomic); exit 0
+
+``job.resume()`` returns what the last ``job.save`` stored (None on a first start), so a job that lost
+its GPUs goes on from its checkpoint on the next grant. ``job.params`` are the trial's
+hyperparameters (``THEMIS_PARAMS``).
+
+What :meth:`Job.step` answers. True when the job should checkpoint and exit: the launcher sent SIGTERM
+(a lease was lost, the tuner stopped or paused the trial, the agent is shutting down), or
+``iteration`` reached ``THEMIS_TARGET_ITERATION`` (the tuner's rung or cap: exiting there, instead of
+waiting to be stopped, wastes no GPU time). A SIGTERM arriving during an iteration is honoured at the
+next ``step``; the launcher waits a grace period (``Launcher.grace_s``) for the checkpoint, then kills.
+
+Reports (``agent.profiler.metrics_payload``, plus ``"extra"`` with any keyword arguments of ``step``)
+go one of two ways, chosen by the launcher:
+
+* ``THEMIS_METRICS_FD``: one JSON line per report written to a pipe the launcher inherited to the job.
+  Lines under 4 KiB are written atomically (PIPE_BUF); the pipe needs no disk, no polling and no
+  broker, and it reports the launcher's death to the job (a broken pipe stops the job gracefully).
+* ``THEMIS_MQTT``: published straight to the broker on ``THEMIS_METRICS_TOPIC`` (QoS 1, paho), for
+  jobs that run where the agent cannot hand them a pipe.
+
+Started by hand (none of the variables set) a job trains normally: ``step`` only watches for SIGTERM
+and the target, and nothing is reported.
+
+The environment the launcher sets (``agent.launcher``): ``CUDA_VISIBLE_DEVICES``, ``THEMIS_APP``,
+``THEMIS_JOB``, ``THEMIS_GPUS`` (GPU ids, comma-separated), ``THEMIS_PLACEMENT`` (JSON list of
+``[rack, machine, slot]``), ``THEMIS_DEMAND``, ``THEMIS_CHECKPOINT``, ``THEMIS_METRICS_TOPIC``,
+``THEMIS_PARAMS`` (JSON), ``THEMIS_START_ITERATION``, ``THEMIS_TARGET_ITERATION`` (empty: none),
+``THEMIS_LAUNCHER_PID`` and one of ``THEMIS_METRICS_FD`` / ``THEMIS_MQTT``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import math
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.placement import Position
+from agent.profiler import metrics_payload
+
+__all__ = ["Job"]
+
+log = logging.getLogger("themis.job")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM (a graceful stop) when the process that started us dies, so a job never
+    outlives an agent killed with SIGKILL. Best effort elsewhere (a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _MqttSink:
+    """Publishes reports to the broker with paho (a thread of its own), flushed at exit."""
+
+    def __init__(self, url: str, client_id: str) -> None:
+        import paho.mqtt.client as mqtt
+
+        from arbiter.events import parse_url
+
+        address = parse_url(url)
+        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+        if address.username:
+            self._client.username_pw_set(address.username, address.password)
+        if address.tls:
+            self._client.tls_set()
+        self._connected = threading.Event()
+        self._client.on_connect = lambda *args: self._connected.set()
+        self._client.connect_async(address.host, address.port, keepalive=30)
+        self._client.loop_start()
+        self._connected.wait(2.0)  # publishes before the CONNACK are queued anyway; this just orders them
+        self._pending: list[Any] = []
+
+    def send(self, topic: str, data: bytes) -> None:
+        info = self._client.publish(topic, data, qos=1)
+        self._pending = [p for p in self._pending if not p.is_published()] + [info]
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Wait (bounded) for the broker to acknowledge what was published, then disconnect."""
+        deadline = time.monotonic() + timeout
+        while any(not p.is_published() for p in self._pending) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+
+class Job:
+    """One run of a trial, as the launcher started it (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        app: str = "",
+        job_id: str = "",
+        gpus: tuple[str, ...] = (),
+        placement: tuple[Position, ...] = (),
+        demand: int = 1,
+        checkpoint: Path | None = None,
+        metrics_topic: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        start_iteration: int = 0,
+        target_iteration: int | None = None,
+        metrics_fd: int | None = None,
+        mqtt: str | None = None,
+        launcher_pid: int | None = None,
+        handle_sigterm: bool = True,
+    ) -> None:
+        self.app, self.job_id = app, job_id
+        self.gpus, self.placement, self.demand = gpus, placement, demand
+        self.checkpoint = checkpoint
+        self.metrics_topic = metrics_topic
+        self.params: dict[str, Any] = dict(params or {})
+        self.start_iteration, self.target_iteration = start_iteration, target_iteration
+        self.reports = 0
+        self._fd = metrics_fd
+        self._sink: _MqttSink | None = None
+        self._stop = threading.Event()
+        self._last: tuple[float, float] | None = None  # (iteration, monotonic time) of the last step
+        self._started = time.monotonic()
+        if mqtt and metrics_fd is None and metrics_topic and placement:
+            self._sink = _MqttSink(mqtt, f"themis-job-{app}-{job_id}-{os.getpid()}")
+        self._handles_sigterm = False
+        if handle_sigterm:
+            try:
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+                self._handles_sigterm = True
+            except ValueError:  # not the main thread: the caller handles stops itself
+                log.debug("not in the main thread: SIGTERM is not handled by agent.job")
+        if launcher_pid is not None:
+            _die_with_parent()
+            if not _alive(launcher_pid):  # it died before prctl took effect
+                self._stop.set()
+        atexit.register(self.close)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, handle_sigterm: bool = True) -> Job:
+        """The job the launcher started (``os.environ``), or a standalone one when run by hand."""
+        env = os.environ if environ is None else environ
+        placement = tuple(tuple(p) for p in json.loads(env.get("THEMIS_PLACEMENT") or "[]"))
+        target = env.get("THEMIS_TARGET_ITERATION", "")
+        fd = env.get("THEMIS_METRICS_FD", "")
+        pid = env.get("THEMIS_LAUNCHER_PID", "")
+        checkpoint = env.get("THEMIS_CHECKPOINT", "")
+        return cls(
+            app=env.get("THEMIS_APP", ""),
+            job_id=env.get("THEMIS_JOB", ""),
+            gpus=tuple(g for g in env.get("THEMIS_GPUS", "").split(",") if g),
+            placement=placement,  # type: ignore[arg-type]
+            demand=int(env.get("THEMIS_DEMAND") or max(1, len(placement))),
+            checkpoint=Path(checkpoint) if checkpoint else None,
+            metrics_topic=env.get("THEMIS_METRICS_TOPIC") or None,
+            params=json.loads(env.get("THEMIS_PARAMS") or "{}"),
+            start_iteration=int(env.get("THEMIS_START_ITERATION") or 0),
+            target_iteration=int(target) if target else None,
+            metrics_fd=int(fd) if fd else None,
+            mqtt=env.get("THEMIS_MQTT") or None,
+            launcher_pid=int(pid) if pid else None,
+            handle_sigterm=handle_sigterm,
+        )
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        """What SIGTERM does: the next :meth:`step` answers True."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def should_stop(self, iteration: float | None = None) -> bool:
+        """True when asked to stop, or when ``iteration`` reached the target iteration."""
+        if self._stop.is_set():
+            return True
+        return iteration is not None and self.target_iteration is not None and iteration >= self.target_iteration
+
+    # -- reporting --------------------------------------------------------------------------------
+
+    @property
+    def reporting(self) -> bool:
+        return bool(self.placement) and (self._fd is not None or self._sink is not None)
+
+    def step(self, iteration: int | float, loss: float | None = None, **extra: Any) -> bool:
+        """Report ``loss`` after ``iteration`` completed iterations, with the wall-clock time per
+        iteration since the last call (since the start for the first), and answer whether to stop.
+        Keyword arguments (numbers, strings) travel in the report's ``"extra"`` object."""
+        now = time.monotonic()
+        if self._last is None:
+            done = iteration - self.start_iteration if iteration > self.start_iteration else 1
+            elapsed = now - self._started
+        else:
+            done, elapsed = iteration - self._last[0], now - self._last[1]
+        self._last = (float(iteration), now)
+        if done > 0:
+            self.report(iteration, loss, max(elapsed / done, 1e-9), **extra)
+        return self.should_stop(iteration)
+
+    def report(self, iteration: float, loss: float | None, iter_time_s: float, **extra: Any) -> None:
+        """Send one report now (``step`` measures ``iter_time_s`` for you)."""
+        if not self.reporting:
+            return
+        payload = metrics_payload(iteration=iteration, iter_time_s=iter_time_s, gpus=self.placement,
+                                  demand=self.demand, loss=loss)
+        if extra:
+            payload["extra"] = {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                for k, v in extra.items()}
+        data = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        self.reports += 1
+        if self._fd is not None:
+            try:
+                os.write(self._fd, data + b"\n")
+            except BrokenPipeError:  # the launcher is gone: checkpoint and leave
+                self._fd = None
+                self._stop.set()
+        elif self._sink is not None:
+            self._sink.send(self.metrics_topic, data)  # type: ignore[arg-type]
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def save(self, state: Any) -> None:
+        """Pickle ``state`` to the checkpoint path atomically (a job killed mid-save keeps the old
+        checkpoint). Without a checkpoint path (run by hand), nothing is written."""
+        if self.checkpoint is None:
+            return
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_name(f".{self.checkpoint.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.checkpoint)
+
+    def resume(self) -> Any | None:
+        """What the last :meth:`save` stored, or None (first start, or no checkpoint path). The
+        first iteration's time is counted from here: set-up before it is not training."""
+        self._started = time.monotonic()
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return None
+        with open(self.checkpoint, "rb") as f:
+            return pickle.load(f)
+
+    def close(self) -> None:
+        """Flush MQTT reports (also run at exit). From here on SIGTERM is ignored: the job is on its
+        way out already, and Python restores the default (deadly) handler while it finalises, which
+        would turn a clean exit into death by signal."""
+        if self._handles_sigterm:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            sink.close()

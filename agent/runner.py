@@ -1,0 +1,565 @@
+"""The app runner: one tuner, its agent and its jobs, glued together (issue 5; paper Figure 7's AM).
+
+:class:`AppRunner` owns a :class:`~hyperparam_adapters.base.TunerAdapter` (what should run, what
+the reports mean), an :class:`~agent.client.AgentClient` (the app's stream to the arbiter: rho
+reports, bids, grants, revocations) and a :class:`~agent.launcher.Launcher` (the job processes),
+plus optionally a :class:`~agent.profiler.Profiler`. Its loop, every ``tick_s`` or as soon as a
+grant, revocation or report arrives:
+
+1. **Reports** (from the launcher's pipes, or the job metrics topic when jobs publish to MQTT) go
+   to the profiler, then to ``adapter.observe`` with the iteration time made *serial* (D2 inverted:
+   ``measured * min(|G|, demand) / S(G)``, S from the profiler's learned slowdown, else the
+   adapter's own); the jobs ``observe`` returns are stopped (SIGTERM: checkpoint and exit).
+   An adapter whose ``observe`` takes ``gpus=`` (the Optuna adapter) normalises itself and gets the
+   measured time with the job's GPUs.
+2. **Placement**: ``adapter.assign(held GPUs)`` (D3's split), then kept stable: a running job whose
+   GPU count did not change keeps its GPUs, the others take theirs from what is free, on as few
+   machines as possible. A running job that is no longer assigned, or whose GPU set changes (lost
+   lease, new split), is stopped and later restarted from its checkpoint on its new GPUs (D11). A
+   job is started only once the GPUs it gets are no longer used by a process that is stopping.
+3. **Demand**: ``client.set_demand(adapter.demand_now())`` whenever it changes (D6), and GPUs beyond
+   the demand that no job uses are released at once (a rung finished, trials ended).
+4. **End**: when the adapter is finished and no job runs, ``client.done()``.
+
+A job that fails (non-zero exit it was not asked for, or a clean exit without progress) is restarted
+from its checkpoint up to ``max_failures`` times, then given up: ``adapter.fail(job)`` when the
+adapter has it (Optuna), else it is reported at its target iteration with an infinite loss, so a
+rung never waits for it.
+
+The runner records what a summary needs: the rho the agent reported in each round it was asked
+(``rho``) and, every ``rho_every_s``, rho with the GPUs it holds then (``rho_now``; null in the
+summary is infinity: no GPUs), GPUs held and demand over time, every report, every run (``launcher.history``), grants
+and revocations. :meth:`AppRunner.summary` puts them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.agent import Agent
+from agent.client import AgentClient, HeldGpu, issue_token, register
+from agent.fairness import finish_time_fairness
+from agent.launcher import JobExit, Launcher
+from agent.placement import Position, slowdown_of
+from agent.profiler import Profiler, parse_metrics
+
+if TYPE_CHECKING:
+    from arbiter.events import EventBus
+    from hyperparam_adapters.base import TrialSpec, TunerAdapter
+
+__all__ = ["AppRunner", "JobReport"]
+
+log = logging.getLogger("themis.runner")
+
+PREEMPTED = ("GPUs lost", "GPU set changed", "not assigned")  # stop reasons that are not the tuner's
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """One report as the runner took it."""
+
+    t: float
+    job_id: str
+    iteration: float
+    loss: float | None
+    iter_time_s: float  # measured, on ``gpus`` GPUs
+    serial_s: float  # what the adapter was told
+    gpus: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _takes_gpus(fn: Callable) -> bool:
+    try:
+        return "gpus" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class AppRunner:
+    """Runs one app's search on what the arbiter grants; see the module docstring."""
+
+    def __init__(
+        self,
+        adapter: TunerAdapter,
+        client: AgentClient,
+        launcher: Launcher,
+        *,
+        profiler: Profiler | None = None,
+        bus: EventBus | None = None,
+        tick_s: float = 0.1,
+        grace_s: float | None = None,
+        max_failures: int = 3,
+        report_wait_s: float | None = None,
+        rho_every_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if launcher.report == "mqtt" and bus is None:
+            raise ValueError("jobs that publish to MQTT need the runner to follow the bus: pass bus=")
+        self.adapter, self.client, self.launcher = adapter, client, launcher
+        self.profiler, self.bus = profiler, bus
+        self.tick_s, self.max_failures, self.clock = tick_s, max_failures, clock
+        self.rho_every_s = rho_every_s
+        self.grace_s = launcher.grace_s if grace_s is None else grace_s
+        # a job that exits by itself is not restarted before its last report can have arrived
+        self.report_wait_s = (2.0 if launcher.report == "mqtt" else 0.0) if report_wait_s is None else report_wait_s
+        self.app = client.app
+        self._own_bus: EventBus | None = None
+
+        self.rho: list[tuple[float, float]] = []  # (time, rho the agent reported to the arbiter)
+        self.rho_now: list[tuple[float, float]] = []  # (time, rho with the GPUs held then), every rho_every_s
+        self.held_history: list[tuple[float, int]] = []
+        self.demand_history: list[tuple[float, int]] = []
+        self.reports: list[JobReport] = []
+        self.events: list[dict[str, Any]] = []  # grants, revocations, starts, stops, exits, releases, done
+        self.failures: Counter[str] = Counter()
+        self.failed: set[str] = set()
+        self.rejected = 0  # reports that were not usable
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+        self._wake = asyncio.Event()
+        self._following = asyncio.Event()
+        self._inbox: list[tuple[str, Any]] = []
+        self._progress: dict[str, float] = {}  # job -> highest iteration reported
+        self._hold: dict[str, float] = {}  # job -> monotonic time before which it is not restarted
+        self._stopped_for: dict[str, str] = {}  # job -> why its last run was stopped
+        self._resuming: dict[str, str | None] = {}  # job -> why it was stopped, until its resumed run reports
+        self.resumes: list[dict[str, Any]] = []  # resumed runs: job, iteration of the checkpoint, why stopped
+        self._demand: int | None = None
+        self._done = False
+        self._observe_gpus = _takes_gpus(adapter.observe)
+        self._runnable_gpus = _takes_gpus(adapter.runnable)
+        self._profile_ok = True
+        self._context: tuple[float, int] | None = None  # (N_avg, cluster size) of the last rho request
+        self._next_rho = 0.0
+
+        previous_grant, previous_revoke = client.on_grant, client.on_revoke
+
+        def on_grant(got: dict[str, HeldGpu]) -> None:
+            self._note("grant", gpus=sorted(got))
+            if previous_grant is not None:
+                previous_grant(got)
+
+        def on_revoke(gpus: list[str], reason: str) -> None:
+            self._note("revoke", gpus=sorted(gpus), reason=reason)
+            if previous_revoke is not None:
+                previous_revoke(gpus, reason)
+
+        client.on_grant, client.on_revoke = on_grant, on_revoke
+        report = client.agent.report
+
+        def reporting(request):
+            self._context = (request.n_avg, request.cluster_size)
+            answer = report(request)
+            self.rho.append((self.clock(), float(answer.rho)))
+            return answer
+
+        client.agent.report = reporting  # type: ignore[method-assign]
+
+    # -- building one ------------------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls,
+        adapter: TunerAdapter,
+        argv: Callable[[TrialSpec], Sequence[str]] | Sequence[str],
+        *,
+        app: str,
+        arbiter: str,
+        workdir: str,
+        credential: str | None = None,
+        token: str | None = None,
+        credential_file: str | os.PathLike[str] | None = None,
+        cluster: str = "local",
+        mqtt: str | None = None,
+        report: str = "pipe",
+        profiler: Profiler | None = None,
+        grace_s: float = 10.0,
+        env: Mapping[str, str] | None = None,
+        tls_ca: bytes | None = None,
+        **kwargs: Any,
+    ) -> AppRunner:
+        """Everything from names. The app's credential: ``credential``, else the one kept in
+        ``credential_file``, else one got by registering with ``token`` (admin-issued, good once;
+        written to ``credential_file``, mode 0600, when given). With ``mqtt``, makes (and later
+        stops) the bus that carries job metrics. ``cluster`` is the arbiter's cluster name (the
+        metrics topics' second level); other keyword arguments go to :class:`AppRunner`."""
+        path = Path(credential_file) if credential_file is not None else None
+        if credential is None and path is not None and path.exists():
+            credential = path.read_text().strip()
+        if credential is None:
+            if token is None:
+                raise ValueError("need a credential, or a registration token to get one")
+            credential = await register(arbiter, app, token, tls_ca=tls_ca)
+            if path is not None:
+                path.touch(mode=0o600)
+                path.write_text(credential + "\n")
+        bus = None
+        if mqtt:
+            from arbiter.events import make_bus
+
+            bus = make_bus(mqtt, client_id=f"themis-agent-{app}-{id(adapter):x}")
+            await bus.start()
+        client = AgentClient(Agent(adapter), app, arbiter, credential, tls_ca=tls_ca)
+        launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
+                            grace_s=grace_s, env=env)
+        runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)
+        runner._own_bus = bus  # started here, stopped when the run ends
+        return runner
+
+    @staticmethod
+    async def token(arbiter: str, app: str, admin_token: str, *, tls_ca: bytes | None = None) -> str:
+        """An admin's registration token for ``app`` (what ``themis-arbiter issue-token`` prints)."""
+        return await issue_token(arbiter, app, admin_token, tls_ca=tls_ca)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    async def run(self, timeout: float | None = None) -> AppRunner:
+        """Connect, run the search to its end (or ``timeout`` s: TimeoutError), stop every job."""
+        if not getattr(self.adapter, "start_time", 0.0):
+            self.adapter.start_time = self.clock()
+        self.started_at = self.clock()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        client_task = asyncio.create_task(self.client.run(), name=f"themis-agent-{self.app}")
+        follow = asyncio.create_task(self._follow()) if self.launcher.report == "mqtt" else None
+        try:
+            if follow is not None:
+                await asyncio.wait_for(self._following.wait(), 10.0)
+            while not self._done:
+                if client_task.done():
+                    client_task.result()  # raises what ended it (e.g. a refused credential)
+                    raise RuntimeError(f"the agent of {self.app} stopped before the app finished")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.app} did not finish within {timeout} s")
+                self.step()
+                if self._done:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.tick_s)
+                self._wake.clear()
+        finally:
+            try:
+                polled = await self.launcher.shutdown(self.grace_s)
+                for exited in polled.exited:
+                    self._note("exit", job=exited.job_id, returncode=exited.returncode, reason=exited.reason,
+                               killed=exited.killed, resumed=exited.resumed, first_iteration=exited.first_iteration,
+                               last_iteration=exited.last_iteration)
+            finally:
+                await self._close_agent(client_task, follow)
+        return self
+
+    async def _close_agent(self, client_task: asyncio.Task, follow: asyncio.Task | None) -> None:
+        """Whatever happened to the jobs, the agent's stream, its tasks and its bus are closed."""
+        if not self.client.finished:
+            self.client.stop()
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(client_task, 5.0)
+        if not client_task.done():
+            client_task.cancel()
+        if follow is not None:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await follow
+        if self._own_bus is not None:
+            await self._own_bus.stop()
+
+    async def _follow(self) -> None:
+        """Reports jobs publish on MQTT (``report="mqtt"``)."""
+        from arbiter.events import job_metrics_pattern
+
+        assert self.bus is not None
+        async with self.bus.subscribe(job_metrics_pattern(self.launcher.cluster, self.app)) as sub:
+            self._following.set()
+            async for event in sub:
+                parts = event.topic.split("/")
+                if len(parts) >= 3 and parts[-1] == "metrics" and parts[-3] == "jobs":
+                    self._inbox.append((parts[-2], event.payload))
+                    self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def step(self) -> None:
+        """One pass of the loop (see the module docstring); never blocks."""
+        polled = self.launcher.poll()
+        batch, self._inbox = polled.metrics + self._inbox, []
+        to_stop: list[str] = []
+        for job, payload in batch:
+            for j in self._ingest(job, payload):
+                if j not in to_stop:
+                    to_stop.append(j)
+        for exited in polled.exited:
+            self._on_exit(exited)
+        for job in to_stop:
+            run = self.launcher.run_of(job)
+            if run is None or run.state != "running":
+                continue
+            target = getattr(run.spec, "target_iteration", None)
+            # a job that reached its target exits by itself: no SIGTERM into its checkpoint and exit
+            at_target = target is not None and run.last_iteration is not None and run.last_iteration >= target
+            self.launcher.stop(job, self.grace_s, reason="tuner", signal_now=not at_target)
+            self._note("stop", job=job, reason="tuner")
+            self._stopped_for[job] = "tuner"
+        if self.adapter.finished():
+            self._update_demand(0)
+            if not self.launcher.live():
+                self._finish()
+            return
+        # While the stream is down nobody would tell us a lease ran out: stop counting on GPUs
+        # whose lease ends within a grace period (they may already be someone else's).
+        connected = self.client.welcomed.is_set()
+        wall = time.time()
+        held = {g: h.position for g, h in self.client.held.items()
+                if connected or h.expires_at - self.grace_s > wall}
+        desired = self._placement(held)
+        for job, run in self.launcher.live().items():
+            if run.state == "stopping" and not run.signalled and set(run.gpus) - set(held):
+                self.launcher.stop(job, self.grace_s, reason="GPUs lost")  # was leaving by itself: hurry it
+                continue
+            if run.state != "running":
+                continue
+            want = desired.get(job)
+            if want is None or set(want) != set(run.gpus):
+                lost = set(run.gpus) - set(held)
+                reason = "GPUs lost" if lost else ("not assigned" if want is None else "GPU set changed")
+                self.launcher.stop(job, self.grace_s, reason=reason)
+                self._note("stop", job=job, reason=reason)
+                self._stopped_for[job] = reason
+        busy = self.launcher.gpus_in_use()
+        now = time.monotonic()
+        specs: dict[str, TrialSpec] | None = None
+        for job, gpus in desired.items():
+            if self.launcher.is_live(job) or job in self.failed or self._hold.get(job, 0.0) > now:
+                continue
+            if set(gpus) & busy:
+                continue  # the GPUs' previous job is still checkpointing
+            if specs is None:
+                specs = {t.job_id: t for t in self._runnable(len(held))}
+            spec = specs.get(job)
+            if spec is None:
+                continue
+            try:
+                run = self.launcher.start(spec, gpus, [held[g] for g in gpus])
+            except (OSError, ValueError, RuntimeError) as exc:
+                log.error("%s: cannot start %s: %s", self.app, job, exc)
+                self._fail(job, f"cannot start: {exc}")
+                continue
+            busy |= set(gpus)
+            after = self._stopped_for.pop(job, None)
+            if run.resumed:
+                self._resuming[job] = after
+            self._note("start", job=job, gpus=list(gpus), resumed=run.resumed, start_iteration=spec.start_iteration,
+                       target_iteration=spec.target_iteration, after=after)
+        demand = self.adapter.demand_now()
+        self._update_demand(demand)
+        self._sample_rho(held)
+        if len(held) > demand:
+            used = {g for gpus in desired.values() for g in gpus} | busy
+            spare = sorted(g for g in held if g not in used)[: len(held) - demand]
+            if spare:
+                self.client.release(spare)
+                self._note("release", gpus=spare)
+
+    # -- placement ---------------------------------------------------------------------------------
+
+    def _runnable(self, gpus: int) -> list[TrialSpec]:
+        return self.adapter.runnable(gpus=gpus) if self._runnable_gpus else self.adapter.runnable()  # type: ignore[call-arg]
+
+    def _placement(self, held: Mapping[str, Position]) -> dict[str, tuple[str, ...]]:
+        """The adapter's assignment, remapped so running jobs keep their GPUs where they can."""
+        if not held:
+            return {}
+        wanted = {j: g for j, g in self.adapter.assign(held).items() if j not in self.failed}
+        live = {j: r.gpus for j, r in self.launcher.live().items() if r.state == "running"}
+        out: dict[str, tuple[str, ...]] = {}
+        for job, gpus in wanted.items():
+            cur = live.get(job)
+            if cur is not None and len(cur) == len(gpus) and set(cur) <= set(held):
+                out[job] = cur
+        used = {g for gpus in out.values() for g in gpus}
+        moved = []
+        for job, gpus in wanted.items():  # the adapter's own choice where it is still free
+            if job in out:
+                continue
+            if set(gpus) & used:
+                moved.append(job)
+            else:
+                out[job] = tuple(gpus)
+                used |= set(gpus)
+        for job in moved:  # the rest: the same number of GPUs from what is left, well placed
+            pick = _best_locality([g for g in sorted(held) if g not in used], held, len(wanted[job]))
+            if pick is not None:
+                out[job] = pick
+                used |= set(pick)
+        return out
+
+    # -- reports -----------------------------------------------------------------------------------
+
+    def serial_time(self, iter_time_s: float, gpus: Sequence[Position], demand: int) -> float:
+        """D2 inverted: the one-GPU time per iteration of a job measured at ``iter_time_s`` on ``gpus``."""
+        slowdown = self.profiler.slowdown if self.profiler is not None else self.adapter.placement_slowdown()
+        return iter_time_s * min(len(gpus), demand) / slowdown_of(slowdown, gpus)
+
+    def _ingest(self, job: str, payload: Any) -> list[str]:
+        try:
+            m = parse_metrics(payload)
+        except ValueError as exc:
+            self.rejected += 1
+            log.warning("%s: ignoring a report of %s: %s", self.app, job, exc)
+            return []
+        extra = payload.get("extra") if isinstance(payload.get("extra"), dict) else {}
+        serial = self.serial_time(m.iter_time_s, m.gpus, m.demand)
+        self.reports.append(JobReport(self.clock(), job, m.iteration, m.loss, m.iter_time_s, serial, len(m.gpus), extra))
+        self._progress[job] = max(self._progress.get(job, -1.0), m.iteration)
+        if job in self._resuming:  # the first report of a resumed run: it went on from its checkpoint
+            self.resumes.append({"job": job, "from_iteration": m.iteration - 1, "after": self._resuming.pop(job)})
+        if self.profiler is not None:
+            self.profiler.observe(job, m.iter_time_s, m.gpus, m.demand)
+            if self._profile_ok:
+                try:
+                    self.profiler.apply(self.adapter)
+                except TypeError as exc:
+                    self._profile_ok = False
+                    log.warning("%s: the profiler cannot update this adapter: %s", self.app, exc)
+        loss = m.loss if m.loss is not None else math.inf
+        try:
+            if self._observe_gpus:
+                return list(self.adapter.observe(job, m.iteration, loss, m.iter_time_s, gpus=m.gpus))  # type: ignore[call-arg]
+            return list(self.adapter.observe(job, m.iteration, loss, serial))
+        except (KeyError, ValueError) as exc:
+            self.rejected += 1
+            log.warning("%s: the tuner refused a report of %s: %s", self.app, job, exc)
+            return []
+
+    def _on_exit(self, exited: JobExit) -> None:
+        job = exited.job_id
+        self._note("exit", job=job, returncode=exited.returncode, reason=exited.reason, killed=exited.killed,
+                   resumed=exited.resumed, first_iteration=exited.first_iteration, last_iteration=exited.last_iteration)
+        if exited.requested:
+            return
+        progressed = exited.reports > 0
+        if exited.clean and progressed:
+            self._hold[job] = time.monotonic() + self.report_wait_s
+            return
+        why = f"exit code {exited.returncode}" if not exited.clean else "exited without reporting progress"
+        log.warning("%s: job %s failed (%s); see %s", self.app, job, why, self.launcher.log_path(job))
+        self._fail(job, why)
+
+    def _fail(self, job: str, why: str) -> None:
+        self.failures[job] += 1
+        if self.failures[job] < self.max_failures:
+            self._hold[job] = time.monotonic() + 0.5 * self.failures[job]
+            return
+        self.failed.add(job)
+        self._note("give up", job=job, reason=why)
+        log.error("%s: giving up on job %s after %d failures", self.app, job, self.failures[job])
+        try:
+            if hasattr(self.adapter, "fail"):
+                self.adapter.fail(job)  # type: ignore[attr-defined]
+            else:
+                target = next((t.target_iteration for t in self._runnable(1) if t.job_id == job), None)
+                at = max(self._progress.get(job, 0.0), float(target or 0), 1.0)
+                for j in self.adapter.observe(job, at, math.inf):
+                    self.launcher.stop(j, self.grace_s, reason="tuner")
+        except (KeyError, ValueError) as exc:
+            log.warning("%s: could not tell the tuner that %s failed: %s", self.app, job, exc)
+
+    # -- demand, end, records ----------------------------------------------------------------------
+
+    def _sample_rho(self, held: Mapping[str, Position]) -> None:
+        """rho with the GPUs held now (Eq. 1 with the N_avg and cluster size of the last round that
+        asked), every ``rho_every_s``: the app's finish-time fairness over time, also between the
+        rounds that ask it (a round asks only apps that want more GPUs, D6, and at a lease's expiry
+        the app holds none of the GPUs being re-auctioned, so reported rhos are often infinite)."""
+        now = time.monotonic()
+        if self._context is None or now < self._next_rho:
+            return
+        self._next_rho = now + self.rho_every_s
+        positions = list(held.values())
+        try:
+            rho = finish_time_fairness(self.adapter, positions, now=self.clock(), n_avg=self._context[0],
+                                       cluster_size=self._context[1], left=self.client.agent.time_left(positions))
+        except (ValueError, ZeroDivisionError) as exc:
+            log.debug("%s: no rho now: %s", self.app, exc)
+            return
+        self.rho_now.append((self.clock(), float(rho)))
+
+    def _update_demand(self, demand: int) -> None:
+        if demand != self._demand:
+            self.client.set_demand(demand)
+            self._demand = demand
+            self.demand_history.append((self.clock(), demand))
+
+    def _finish(self) -> None:
+        self._done = True
+        self.finished_at = self.clock()
+        self.client.done()
+        self._note("done")
+        log.info("%s finished in %.1f s", self.app, self.finished_at - (self.started_at or self.finished_at))
+
+    def _note(self, what: str, **fields: Any) -> None:
+        self.events.append({"t": self.clock(), "what": what, **fields})
+        if what in ("grant", "revoke", "release"):
+            self.held_history.append((self.clock(), len(self.client.held)))
+        self._wake.set()
+
+    def summary(self) -> dict[str, Any]:
+        """What happened, as plain data: completion, best result (with the extras of its report),
+        rho and GPUs over time, runs, resumes and lease losses."""
+        start = self.started_at or 0.0
+        best = self.adapter.best()
+        best_out = None
+        if best is not None:
+            match = [r for r in self.reports if r.job_id == best.job_id and r.iteration == best.iteration]
+            best_out = {"job": best.job_id, "params": dict(best.params), "loss": best.loss,
+                        "iteration": best.iteration, **(dict(match[-1].extra) if match else {})}
+        history = self.launcher.history
+        return {
+            "app": self.app,
+            "finished": self._done,
+            "completion_s": None if self.finished_at is None else round(self.finished_at - start, 2),
+            "best": best_out,
+            "rho": [(round(t - start, 2), (None if math.isinf(r) else round(r, 4))) for t, r in self.rho_now],
+            "rho_reported": [(round(t - start, 2), (None if math.isinf(r) else round(r, 4))) for t, r in self.rho],
+            "gpus_held": [(round(t - start, 2), n) for t, n in self.held_history],
+            "runs": len(history),
+            "jobs": len(self.launcher.starts),
+            "resumed_runs": sum(1 for e in history if e.resumed),
+            "resumed_after_preemption": sum(1 for e in self.events if e["what"] == "start" and e["resumed"]
+                                            and e["after"] in PREEMPTED),
+            "resumes": self.resumes[:100],
+            "lease_losses": sum(1 for e in self.events if e["what"] == "revoke"),
+            "stopped_for_lost_gpus": sum(1 for e in self.events if e["what"] == "stop" and e["reason"] == "GPUs lost"),
+            "killed_after_grace": sum(1 for e in history if e.killed),
+            "reports": len(self.reports),
+            "failed_jobs": sorted(self.failed),
+        }
+
+
+def _best_locality(free: Sequence[str], held: Mapping[str, Position], k: int) -> tuple[str, ...] | None:
+    """``k`` of ``free`` on one slot, else one machine, else one rack, else anywhere (fewest spread)."""
+    if len(free) < k:
+        return None
+    for key in (lambda p: p, lambda p: p[:2], lambda p: p[:1]):
+        groups: dict[Any, list[str]] = {}
+        for g in free:
+            groups.setdefault(key(held[g]), []).append(g)
+        fits = [ids for ids in groups.values() if len(ids) >= k]
+        if fits:
+            return tuple(sorted(min(fits, key=len))[:k])
+    return tuple(sorted(free, key=lambda g: held[g])[:k])

@@ -1,0 +1,181 @@
+"""``themis-arbiter``: run the arbiter service, and talk to a running one.
+
+    themis-arbiter serve --cluster NAME|FILE [--port 50051] [--db PATH] [--mqtt URL]
+                         [--policy themis] [--fairness-knob 0.8] [--lease 600] [--metrics-port 9464]
+    themis-arbiter issue-token APP [--arbiter HOST:PORT] [--admin-token T]
+    themis-arbiter status [--arbiter HOST:PORT] [--admin-token T]
+    themis-arbiter demo [--seconds 60]
+
+``serve`` keeps its journal in ``--db`` (default ``themis-arbiter.db`` here) and, without an admin
+token given (``--admin-token`` or THEMIS_ADMIN_TOKEN), writes one to ``<db>.admin-token``. Logs are
+one JSON object per line on stderr. ``demo`` starts an arbiter and two agents in one process on
+loopback (short leases, emulated jobs) and prints rounds, grants and expiries as they happen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+class JsonLogs(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and the record's ``fields``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"t": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+               "msg": record.getMessage()}
+        out.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogs())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _admin_token(args: argparse.Namespace) -> str:
+    token = args.admin_token or os.environ.get("THEMIS_ADMIN_TOKEN")
+    if not token and Path(f"{args.db}.admin-token").exists():
+        token = Path(f"{args.db}.admin-token").read_text().strip()
+    if not token:
+        raise SystemExit("themis-arbiter: give --admin-token (or THEMIS_ADMIN_TOKEN, or --db of the arbiter)")
+    return token
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from arbiter.cluster import ClusterFileError
+    from arbiter.server import ArbiterServer, ServerConfig
+    from arbiter.store import StoreError
+
+    _logging(args.log_level)
+    config = ServerConfig(
+        cluster=args.cluster, host=args.host, port=args.port, db=Path(args.db), mqtt=args.mqtt,
+        admin_token=args.admin_token, metrics_port=args.metrics_port,
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
+        policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
+        report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout,
+    )
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("themis-arbiter: --tls-cert and --tls-key go together")
+
+    async def serve() -> int:
+        server = ArbiterServer(config)
+        try:
+            await server.start()
+        except (ClusterFileError, StoreError, ValueError, OSError) as exc:
+            print(f"themis-arbiter: {exc}", file=sys.stderr)
+            return 2
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+        return 0
+
+    return asyncio.run(serve())
+
+
+def cmd_issue_token(args: argparse.Namespace) -> int:
+    from agent.client import issue_token
+
+    print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args))))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from agent.client import channel
+    from protos import themis_pb2 as pb
+    from protos import themis_pb2_grpc as pb_grpc
+
+    async def status() -> dict:
+        meta = [("authorization", f"Bearer {_admin_token(args)}")]
+        async with channel(args.arbiter) as ch:
+            stub = pb_grpc.ArbiterStub(ch)
+            cluster = await stub.GetClusterState(pb.ClusterStateRequest(), metadata=meta, timeout=10)
+            apps = await stub.ListApps(pb.ListAppsRequest(), metadata=meta, timeout=10)
+            rounds = await stub.RoundHistory(pb.RoundHistoryRequest(limit=args.rounds), metadata=meta, timeout=10)
+        return {
+            "cluster": cluster.cluster, "size": cluster.size, "free": len(cluster.free),
+            "drained": list(cluster.drained_machines), "round_id": cluster.round_id,
+            "settings": MessageToDict(cluster.settings),
+            "apps": [{"app": a.app, "connected": a.connected, "demand": a.demand, "rho": a.last_rho,
+                      "gpus": len(a.leases)} for a in apps.apps],
+            "rounds": [MessageToDict(r) for r in rounds.rounds],
+        }
+
+    print(json.dumps(asyncio.run(status()), indent=1, default=str))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from arbiter.demo import run_demo
+
+    return run_demo(seconds=args.seconds, mqtt=args.mqtt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="themis-arbiter", description="The Themis arbiter service")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the arbiter")
+    s.add_argument("--cluster", required=True, help="testbed-64, sim-256 or a cluster TOML file")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=50051)
+    s.add_argument("--db", default="themis-arbiter.db", help="SQLite journal (created if missing)")
+    s.add_argument("--mqtt", help="broker URL, e.g. mqtt://127.0.0.1:1883 (default: in-memory events)")
+    s.add_argument("--policy", help="themis (default) or a baseline: gandiva, tiresias, optimus, slaq, fifo, drf")
+    s.add_argument("--fairness-knob", type=float, help="f of D6 (default 0.8)")
+    s.add_argument("--lease", type=float, help="lease length in seconds (default 600, D10)")
+    s.add_argument("--coalesce", type=float, help="seconds of events coalesced into one round (default 1)")
+    s.add_argument("--report-timeout", type=float, help="seconds agents have to report rho (default 2)")
+    s.add_argument("--bid-timeout", type=float, help="seconds agents have to bid (default 2)")
+    s.add_argument("--admin-token", help="admin token (default: THEMIS_ADMIN_TOKEN or <db>.admin-token)")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS")
+    s.add_argument("--tls-key", help="PEM private key")
+    s.add_argument("--log-level", default="INFO")
+    s.set_defaults(func=cmd_serve)
+    t = sub.add_parser("issue-token", help="issue a registration token for an app (admin)")
+    t.add_argument("app")
+    for p in (t,):
+        p.add_argument("--arbiter", default=DEFAULT_TARGET)
+        p.add_argument("--admin-token")
+        p.add_argument("--db", default="themis-arbiter.db", help="find the admin token next to this journal")
+    t.set_defaults(func=cmd_issue_token)
+    st = sub.add_parser("status", help="cluster, apps and recent rounds of a running arbiter (admin)")
+    st.add_argument("--arbiter", default=DEFAULT_TARGET)
+    st.add_argument("--admin-token")
+    st.add_argument("--db", default="themis-arbiter.db")
+    st.add_argument("--rounds", type=int, default=5)
+    st.set_defaults(func=cmd_status)
+    d = sub.add_parser("demo", help="an arbiter and two agents on loopback, in one process")
+    d.add_argument("--seconds", type=float, default=60.0)
+    d.add_argument("--mqtt", help="also publish events to this broker")
+    d.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    import grpc
+
+    try:
+        return args.func(args)
+    except grpc.aio.AioRpcError as exc:
+        print(f"themis-arbiter: {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

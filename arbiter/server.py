@@ -1,0 +1,161 @@
+"""Assembling a running arbiter: journal, round engine, event bus, gRPC server, health, metrics.
+
+:class:`ArbiterServer` is what ``themis-arbiter serve`` runs and what the integration tests start
+on loopback. On start it reopens the journal: a restarted arbiter restores every app, every lease
+with its expiry, the round counter and the contention history behind N_avg, then lets agents
+reconnect. Settings come from, in order: what the command line gives, what the journal recorded
+(an admin may have changed them at run time), the defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from arbiter.cluster import load_cluster
+from arbiter.events import arbiter_status_topic, make_bus
+from arbiter.rounds import RoundEngine
+from arbiter.service import ArbiterService, Settings, new_secret
+from arbiter.service_metrics import ServiceMetrics
+from arbiter.store import Store
+from protos import themis_pb2_grpc as pb_grpc
+
+log = logging.getLogger("themis.arbiter")
+
+KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.max_receive_message_length", 8 * 2**20),
+]
+
+
+@dataclass
+class ServerConfig:
+    cluster: str
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0: any free port
+    db: Path = Path("themis-arbiter.db")
+    mqtt: str | None = None
+    admin_token: str | None = None
+    metrics_port: int | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # None: the journal's value, else the default of arbiter.service.Settings
+    policy: str | None = None
+    fairness_knob: float | None = None
+    lease_s: float | None = None
+    coalesce_s: float | None = None
+    expiry_window_s: float | None = None
+    report_timeout_s: float | None = None
+    bid_timeout_s: float | None = None
+    heartbeat_s: float | None = None
+
+
+def admin_token_for(config: ServerConfig) -> str:
+    """The admin token: given, from THEMIS_ADMIN_TOKEN, or kept next to the journal (mode 0600)."""
+    token = config.admin_token or os.environ.get("THEMIS_ADMIN_TOKEN")
+    if token:
+        return token
+    path = Path(f"{config.db}.admin-token")
+    if path.exists():
+        return path.read_text().strip()
+    token = new_secret("admin")
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    log.info("admin token written", extra={"fields": {"path": str(path)}})
+    return token
+
+
+class ArbiterServer:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.port: int | None = None
+        self.service: ArbiterService | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._metrics_http = None
+
+    async def start(self) -> int:
+        config = self.config
+        cluster = load_cluster(config.cluster)
+        store = Store(config.db)
+        store.bind_cluster(cluster.name)
+        loaded = store.load()
+        journaled = loaded[1] if loaded else {}
+        settings = Settings()
+        for f in fields(Settings):
+            given = getattr(config, f.name, None)
+            value = given if given is not None else journaled.get(f.name, getattr(settings, f.name))
+            setattr(settings, f.name, value)
+        settings.check()
+        engine = RoundEngine(cluster, settings.policy_object(), lease_s=settings.lease_s,
+                             coalesce_s=settings.coalesce_s, expiry_window_s=settings.expiry_window_s)
+        if loaded is not None:
+            engine.restore(loaded[0])
+            log.info("journal restored", extra={"fields": {
+                "apps": len(engine.apps), "leases": len(engine.leases), "round_id": engine.round_id}})
+        bus = make_bus(config.mqtt, client_id=f"themis-arbiter-{cluster.name}-{os.getpid()}",
+                       will_topic=arbiter_status_topic(cluster.name))
+        metrics = ServiceMetrics()
+        service = ArbiterService(engine, store, bus, settings=settings, admin_token=admin_token_for(config),
+                                 metrics=metrics)
+        self.service = service
+        service.journal()
+        await bus.start()
+        service.republish_state()
+
+        server = grpc.aio.server(options=KEEPALIVE)
+        pb_grpc.add_ArbiterServicer_to_server(service, server)
+        health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        address = f"{config.host}:{config.port}"
+        if config.tls_cert and config.tls_key:
+            creds = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
+            self.port = server.add_secure_port(address, creds)
+        else:
+            self.port = server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen on {address}")
+        await server.start()
+        for name in ("", "themis.v1.Arbiter"):
+            await _set_serving(health_servicer, name)
+        self._server = server
+        if config.metrics_port is not None:
+            self._metrics_http = metrics.serve(config.metrics_port, config.host)
+        self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats())]
+        log.info("serving", extra={"fields": {"address": f"{config.host}:{self.port}", "cluster": cluster.name,
+                                              "gpus": cluster.size, "db": str(config.db),
+                                              "mqtt": config.mqtt or "in-memory", **asdict(settings)}})
+        return self.port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self.service is not None:
+            self.service.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._metrics_http is not None:
+            self._metrics_http[0].shutdown()
+        if self.service is not None:
+            await self.service.bus.stop()
+            self.service.store.close()
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+async def _set_serving(servicer, name: str) -> None:
+    result = servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if asyncio.iscoroutine(result):
+        await result

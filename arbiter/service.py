@@ -1,0 +1,716 @@
+"""The arbiter as a gRPC service: the wall-clock shell around the round engine (paper 4.2, Fig. 7).
+
+One asyncio loop owns everything: the gRPC server (grpc.aio), the round loop, the journal and the
+event bus. Nothing else mutates the engine, so no GPU can be granted twice by a race; the lease
+table refuses it anyway, and the journal's primary key on the GPU would too.
+
+A round follows D10 on the wall clock. When one is due the service opens it, sends a RhoRequest to
+every connected app the engine wants a report from (D6) and waits until all answered or the report
+deadline passed; then it sends the offers and waits for bids until the bid deadline. Apps that miss
+a deadline, or are not connected, are treated as not reporting or not bidding. The round closes,
+the new state is journaled, and only then do grants and revocations go out and events get published
+-- so after a crash, what agents were told is never ahead of the journal.
+
+Every message from an agent is checked: an app acts only for itself (PERMISSION_DENIED), and a bid
+or report that is malformed, late or for a stale round is rejected with INVALID_ARGUMENT and a
+reason, on the stream, which stays open; the round goes on for everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import grpc
+
+from arbiter.auction import InvalidBid, validate_bid
+from arbiter.events import (
+    EventBus,
+    app_grants_topic,
+    app_leases_topic,
+    app_revocations_topic,
+    app_rho_topic,
+    arbiter_status_topic,
+    gpu_lease_topic,
+    last_round_topic,
+    rounds_topic,
+)
+from arbiter.policies import POLICIES, make_policy
+from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult
+from arbiter.service_metrics import ServiceMetrics
+from arbiter.store import Store
+from protos import themis_pb2 as pb
+from protos import themis_pb2_grpc as pb_grpc
+from protos import wire
+
+log = logging.getLogger("themis.arbiter")
+
+APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+OUTBOX_LIMIT = 1000  # messages queued to one agent before it counts as stuck and is disconnected
+MAX_BID_ROWS = 256  # agents send at most 126 (D7); the auction runs on the event loop, so keep bids small
+
+
+@dataclass
+class Settings:
+    """What an admin may change on a running arbiter (journaled with the state)."""
+
+    policy: str = "themis"
+    fairness_knob: float = 0.8
+    lease_s: float = 600.0
+    coalesce_s: float = 1.0
+    expiry_window_s: float | None = None
+    report_timeout_s: float = 2.0
+    bid_timeout_s: float = 2.0
+    heartbeat_s: float = 10.0
+
+    def check(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(sorted(POLICIES))}")
+        if not 0 <= self.fairness_knob < 1:
+            raise ValueError(f"fairness knob f must be in [0, 1), got {self.fairness_knob}")
+        for name in ("lease_s", "report_timeout_s", "bid_timeout_s", "heartbeat_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        if not self.coalesce_s >= 0:
+            raise ValueError(f"coalesce_s must be >= 0, got {self.coalesce_s}")
+
+    def policy_object(self):
+        options = {"fairness_knob": self.fairness_knob} if self.policy == "themis" else {}
+        return make_policy(self.policy, **options)
+
+
+@dataclass
+class Connection:
+    """One agent's open stream: what to send it, and when it was last heard from."""
+
+    app: str
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    last_seen: float = 0.0
+    task: asyncio.Task | None = None  # the Connect handler, cancelled if the agent stops reading
+
+    def send(self, message: pb.ArbiterMessage) -> None:
+        if self.outbox.qsize() >= OUTBOX_LIMIT:
+            self.close()
+            return
+        self.outbox.put_nowait(message)
+
+    def close(self) -> None:
+        self.closed.set()
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+
+
+def new_secret(kind: str) -> str:
+    """A bearer secret, prefixed with its kind so that it never starts with '-'.
+
+    A bare token_urlsafe starts with '-' one time in 64, and a command line then reads
+    ``--token -abc`` as a missing value (seen in CI).
+    """
+    return f"{kind}_{secrets.token_urlsafe(32)}"
+
+
+def _bearer(context: grpc.aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer "):]
+    return None
+
+
+class ArbiterService(pb_grpc.ArbiterServicer):
+    def __init__(
+        self,
+        engine: RoundEngine,
+        store: Store,
+        bus: EventBus,
+        *,
+        settings: Settings,
+        admin_token: str,
+        metrics: ServiceMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.engine = engine
+        self.store = store
+        self.bus = bus
+        self.settings = settings
+        self.admin_token = admin_token
+        self.metrics = metrics or ServiceMetrics()
+        self._wall = clock
+        self.cluster = engine.cluster.name
+        self.conns: dict[str, Connection] = {}
+        self.last_rho: dict[str, float] = store.last_rho()
+        self._kick = asyncio.Event()
+        self._waiting: dict[tuple[int, str, str], asyncio.Future] = {}  # (round, app, kind) -> answer
+        self._bad_bids: dict[tuple[int, str], str] = {}  # why an app's bids this round were refused
+        self._round: OpenRound | None = None
+        self._stopping = asyncio.Event()
+        self._deferred: list[tuple[str, str]] = []  # apps to remove once the open round closes
+        self.rounds_run = 0
+
+    def clock(self) -> float:
+        """The wall clock, never behind the engine's: after an NTP step back, or on a journal
+        written by a clock that ran ahead, time stands still until the wall catches up."""
+        return max(self._wall(), self.engine.clock)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def journal(self, result: RoundResult | None = None, summary: dict[str, Any] | None = None) -> None:
+        rho = dict(result.rho) if result is not None else None
+        self.store.save(self.engine.state(), settings=asdict(self.settings), rho=rho, round_summary=summary)
+
+    def republish_state(self) -> None:
+        """Retained state for late subscribers: every GPU's lease and every app's leases."""
+        self.bus.publish(arbiter_status_topic(self.cluster), {"online": True}, retain=True)
+        for gpu in self.engine.cluster.gpu_ids:
+            self._publish_gpu(gpu)
+        for app in self.engine.apps:
+            self._publish_app_leases(app)
+
+    async def run_rounds(self) -> None:
+        """D10 on the wall clock: sleep until a round may be due or something changed."""
+        while not self._stopping.is_set():
+            wake = self.engine.next_wakeup()
+            timeout = None if wake is None else max(0.0, wake - self.clock())
+            try:
+                await asyncio.wait_for(self._kick.wait(), timeout)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            if self._stopping.is_set():
+                break
+            if self.engine.round_due(self.clock()):
+                try:
+                    await self.run_round()
+                except Exception:  # a bug in one round must not stop the arbiter
+                    log.exception("round failed")
+                    self.metrics.round_failures.inc()
+                    await asyncio.sleep(max(0.5, self.settings.coalesce_s))  # no hot loop on a persistent fault
+
+    async def heartbeats(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.settings.heartbeat_s)
+            now = self.clock()
+            for conn in list(self.conns.values()):
+                conn.send(pb.ArbiterMessage(heartbeat=pb.Heartbeat(now=now)))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._kick.set()
+        for conn in self.conns.values():
+            conn.close()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    # -- one round (paper 4.2.2 steps 1-5) -----------------------------------------------------
+
+    async def run_round(self) -> RoundResult:
+        started = time.perf_counter()
+        now = self.clock()
+        rnd = self.engine.open_round(now)
+        self._round = rnd
+        try:
+            self.journal()  # the round id and the expiries, before anyone hears of this round
+            deadline = now + self.settings.report_timeout_s
+            asked = {}
+            for request in rnd.requests:
+                conn = self.conns.get(request.app)
+                if conn is None:
+                    rnd.note_failure(request.app, "not connected")
+                    continue
+                asked[request.app] = self._expect(rnd.round_id, request.app, "report")
+                conn.send(pb.ArbiterMessage(rho_request=wire.rho_request_pb(request, deadline)))
+            reports = await self._gather(asked, deadline)
+            for app, msg in reports.items():
+                try:
+                    rnd.report(app, wire.report(msg))
+                    self.last_rho[app] = msg.rho
+                    self.bus.publish(app_rho_topic(self.cluster, app), {"rho": _json_num(msg.rho), "round_id": rnd.round_id,
+                                                                         "now": now}, retain=True)
+                except (InvalidReport, wire.WireError) as exc:
+                    self._reject(app, INVALID, str(exc), "report", rnd.round_id)
+                    rnd.note_failure(app, str(exc))
+            for app in set(asked) - set(reports):
+                rnd.note_failure(app, "no rho report before the deadline")
+            offers = rnd.offers()
+            deadline = self.clock() + self.settings.bid_timeout_s
+            waiting = {}
+            for app, offer in offers.items():
+                conn = self.conns.get(app)
+                if conn is None:
+                    rnd.note_failure(app, "not connected")
+                    continue
+                waiting[app] = self._expect(rnd.round_id, app, "bid")
+                conn.send(pb.ArbiterMessage(offer=wire.offer_pb(replace(offer, deadline=deadline))))
+            bids = await self._gather(waiting, deadline)
+            for app, table in bids.items():
+                try:
+                    rnd.bid(app, table)
+                except InvalidBid as exc:
+                    self._reject(app, INVALID, exc.reason, "bid", rnd.round_id)
+            for app in set(waiting) - set(bids):
+                rnd.note_failure(app, self._bad_bids.get((rnd.round_id, app), "no bid before the deadline"))
+            result = rnd.close()
+        finally:
+            rnd.abandon()  # a no-op once closed; otherwise the engine must not stay stuck in this round
+            self._round = None
+            for key in [k for k in self._waiting if k[0] == rnd.round_id]:
+                self._waiting.pop(key).cancel()
+            self._bad_bids.clear()
+        latency = time.perf_counter() - started
+        summary = _summary(result, latency)
+        try:
+            self.journal(result, summary)
+        except Exception:  # e.g. disk full: agents must still hear what memory now says they hold
+            log.exception("journal write failed after round %d; the next change writes it again", result.round_id)
+            self.metrics.round_failures.inc()
+        self._announce(result, summary)
+        deferred, self._deferred = self._deferred, []
+        for app, reason in deferred:
+            if app in self.engine.apps:
+                self._remove(app, reason)
+        self.metrics.observe_round(result, latency, leases=len(self.engine.leases), connected=len(self.conns))
+        self.rounds_run += 1
+        log.info("round", extra={"fields": {k: summary[k] for k in ("round_id", "offered", "bidders", "granted",
+                                                                    "idle", "latency_s")}})
+        return result
+
+    def _expect(self, round_id: int, app: str, kind: str) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[(round_id, app, kind)] = fut
+        return fut
+
+    async def _gather(self, futures: dict[str, asyncio.Future], deadline: float) -> dict[str, Any]:
+        if futures:
+            await asyncio.wait(list(futures.values()), timeout=max(0.0, deadline - self.clock()))
+        return {app: f.result() for app, f in futures.items() if f.done() and not f.cancelled()}
+
+    def _announce(self, result: RoundResult, summary: dict[str, Any]) -> None:
+        """Grants and revocations to the agents, and the round's events (after the journal)."""
+        regained = {(g.app, gpu) for g in result.grants for gpu in g.gpus}
+        lost: dict[str, list[str]] = {}
+        for lease in result.expired:
+            if (lease.app, lease.gpu) not in regained:
+                lost.setdefault(lease.app, []).append(lease.gpu)
+        for app, gpus in sorted(lost.items()):
+            self._send(app, pb.ArbiterMessage(revocation=pb.Revocation(gpus=sorted(gpus), reason="lease expired",
+                                                                       round_id=result.round_id)))
+            self.bus.publish(app_revocations_topic(self.cluster, app),
+                             {"gpus": sorted(gpus), "reason": "lease expired", "round_id": result.round_id})
+        position = self.engine.cluster.position
+        for grant in result.grants:
+            gpus = {g: position(g) for g in sorted(grant.gpus)}
+            self._send(grant.app, pb.ArbiterMessage(grant=pb.Grant(
+                round_id=result.round_id, gpus=wire.places(gpus), expires_at=grant.expires_at, source=grant.source)))
+            self.bus.publish(app_grants_topic(self.cluster, grant.app),
+                             {"gpus": sorted(grant.gpus), "expires_at": grant.expires_at, "source": grant.source,
+                              "round_id": result.round_id})
+        changed = {lease.gpu for lease in result.expired} | {g for grant in result.grants for g in grant.gpus}
+        for gpu in sorted(changed):
+            self._publish_gpu(gpu)
+        for app in sorted({lease.app for lease in result.expired} | {g.app for g in result.grants}):
+            self._publish_app_leases(app)
+        self.bus.publish(rounds_topic(self.cluster), summary)
+        self.bus.publish(last_round_topic(self.cluster), summary, retain=True)
+
+    def _publish_gpu(self, gpu: str) -> None:
+        lease = self.engine.leases.lease(gpu)
+        payload = None if lease is None else {"app": lease.app, "expires_at": lease.expires_at,
+                                              "round_id": lease.round_id}
+        self.bus.publish(gpu_lease_topic(self.cluster, gpu), payload, retain=True)
+
+    def _publish_app_leases(self, app: str) -> None:
+        leases = [{"gpu": g, "expires_at": self.engine.leases.lease(g).expires_at}
+                  for g in sorted(self.engine.held(app))]
+        self.bus.publish(app_leases_topic(self.cluster, app), leases, retain=True)
+
+    def _send(self, app: str, message: pb.ArbiterMessage) -> None:
+        conn = self.conns.get(app)
+        if conn is not None:
+            conn.send(message)
+
+    def _reject(self, app: str, code: int, reason: str, what: str, round_id: int = 0) -> None:
+        self.metrics.rejected.labels(what=what).inc()
+        log.info("rejected", extra={"fields": {"app": app, "what": what, "reason": reason}})
+        self._send(app, pb.ArbiterMessage(rejection=pb.Rejection(code=code, reason=reason, what=what,
+                                                                 round_id=round_id)))
+
+    # -- the agent stream ----------------------------------------------------------------------
+
+    async def Connect(self, request_iterator, context) -> AsyncIterator[pb.ArbiterMessage]:
+        credential = _bearer(context)
+        app = self.store.token_app(credential, "credential") if credential else None
+        if app is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "an app credential is required (Register first)")
+        try:
+            first = await anext(request_iterator.__aiter__())
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the stream must be Hello")
+        if first.hello.app != app:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"this credential belongs to {app!r}, not {first.hello.app!r}")
+        if first.hello.demand < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"demand must be >= 0, got {first.hello.demand}")
+        now = self.clock()
+        if app not in self.engine.apps:
+            self.engine.add_app(app, now)
+        self.engine.set_demand(app, first.hello.demand, now)
+        self.engine.note_ready(app, now)
+        self.journal()
+        self.kick()
+        old = self.conns.get(app)
+        if old is not None:
+            old.close()  # a reconnect replaces the previous stream
+        conn = Connection(app, last_seen=now, task=asyncio.current_task())
+        self.conns[app] = conn
+        mine = [x for x in sorted(self.engine.leases, key=lambda x: x.gpu) if x.app == app]
+        position = self.engine.cluster.position
+        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
+            app=app, cluster=self.cluster, leases=[wire.lease_pb(x) for x in mine],
+            settings=self._settings_pb(), now=now, heartbeat_s=self.settings.heartbeat_s,
+            places=wire.places({x.gpu: position(x.gpu) for x in mine}))))
+        self.metrics.connected.set(len(self.conns))
+        log.info("connected", extra={"fields": {"app": app}})
+        reader = asyncio.create_task(self._read(conn, request_iterator))
+        get = closed = reader
+        try:
+            while True:
+                get = asyncio.create_task(conn.outbox.get())
+                closed = asyncio.create_task(conn.closed.wait())
+                done, _ = await asyncio.wait({get, closed, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if get in done:
+                    closed.cancel()
+                    yield get.result()
+                    continue
+                get.cancel()
+                closed.cancel()
+                break
+        finally:
+            for task in (reader, get, closed):
+                task.cancel()
+            if self.conns.get(app) is conn:
+                del self.conns[app]
+            self.metrics.connected.set(len(self.conns))
+            log.info("disconnected", extra={"fields": {"app": app}})
+
+    async def _read(self, conn: Connection, request_iterator) -> None:
+        try:
+            async for msg in request_iterator:
+                conn.last_seen = self.clock()
+                try:
+                    self._dispatch(conn.app, msg)
+                except Exception as exc:  # one bad message must never take the arbiter down
+                    log.exception("message from %s failed", conn.app)
+                    self._reject(conn.app, INVALID, f"could not handle the message: {exc}", "message")
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+
+    def _dispatch(self, app: str, msg: pb.AgentMessage) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "report":
+            self._on_report(app, msg.report)
+        elif kind == "bid":
+            self._on_bid(app, msg.bid)
+        elif kind == "release":
+            self._on_release(app, msg.release)
+        elif kind == "demand":
+            self._on_demand(app, msg.demand)
+        elif kind == "done":
+            self._on_done(app, msg.done)
+        elif kind == "heartbeat":
+            pass
+        elif kind == "hello":
+            self._reject(app, INVALID, "Hello is only the first message on a stream", "hello")
+        else:
+            self._reject(app, INVALID, "empty message", "message")
+
+    def _answer(self, app: str, claimed: str, round_id: int, kind: str) -> asyncio.Future | None:
+        """The open request this message answers, or None after rejecting it with a reason."""
+        if claimed and claimed != app:
+            self._reject(app, DENIED, f"{app!r} cannot send a {kind} for {claimed!r}", kind, round_id)
+            return None
+        fut = self._waiting.get((round_id, app, kind))
+        if fut is None or fut.done():
+            current = self._round.round_id if self._round is not None else None
+            if fut is not None:
+                reason = f"round {round_id}: a {kind} was already received"
+            elif current is None or round_id != current:
+                reason = f"round {round_id} is not open (stale or unknown round; open: {current})"
+            else:
+                reason = f"round {round_id}: no {kind} was asked of {app!r} (or its deadline passed)"
+            self._reject(app, INVALID, reason, kind, round_id)
+            return None
+        return fut
+
+    def _on_report(self, app: str, msg: pb.RhoReport) -> None:
+        fut = self._answer(app, msg.app, msg.round_id, "report")
+        if fut is not None:
+            fut.set_result(msg)
+
+    def _on_bid(self, app: str, msg: pb.Bid) -> None:
+        fut = self._answer(app, msg.app, msg.round_id, "bid")
+        if fut is None:
+            return
+        table = wire.bid(msg)
+        try:
+            validate_bid(app, table, self._round.free if self._round else frozenset(), max_rows=MAX_BID_ROWS)
+        except InvalidBid as exc:
+            # Rejected with its reason; the app may send a corrected bid before the deadline.
+            self._reject(app, INVALID, exc.reason, "bid", msg.round_id)
+            self._bad_bids[(msg.round_id, app)] = exc.reason
+            return
+        fut.set_result(wire.frozen(table))
+
+    def _on_release(self, app: str, msg: pb.Release) -> None:
+        if msg.app and msg.app != app:
+            self._reject(app, DENIED, f"{app!r} cannot release GPUs for {msg.app!r}", "release")
+            return
+        gpus = set(msg.gpus)
+        held = self.engine.held(app)
+        if not gpus or not gpus <= held:
+            others = sorted(g for g in gpus - held if self.engine.leases.holder(g))
+            code = DENIED if others else INVALID
+            self._reject(app, code, f"{app!r} does not hold {sorted(gpus - held)[:5] or 'an empty set'}", "release")
+            return
+        self.engine.release(app, gpus, self.clock())
+        self.journal()
+        for gpu in sorted(gpus):
+            self._publish_gpu(gpu)
+        self._publish_app_leases(app)
+        self.kick()
+
+    def _on_demand(self, app: str, msg: pb.DemandUpdate) -> None:
+        if msg.app and msg.app != app:
+            self._reject(app, DENIED, f"{app!r} cannot set the demand of {msg.app!r}", "demand")
+            return
+        if msg.demand < 0:
+            self._reject(app, INVALID, f"demand must be >= 0, got {msg.demand}", "demand")
+            return
+        self.engine.set_demand(app, msg.demand, self.clock())
+        self.journal()
+        self.kick()
+
+    def _on_done(self, app: str, msg: pb.Done) -> None:
+        if msg.app and msg.app != app:
+            self._reject(app, DENIED, f"{app!r} cannot finish {msg.app!r}", "done")
+            return
+        self._remove(app, "app finished")
+
+    def _remove(self, app: str, reason: str) -> None:
+        """The app leaves: its leases end now. While a round is open the removal waits for it to
+        close (the round may already hold the app's report or bid)."""
+        if self._round is not None:
+            self._deferred.append((app, reason))
+            return
+        freed = self.engine.remove_app(app, self.clock())
+        self.journal()
+        if freed:
+            self._send(app, pb.ArbiterMessage(revocation=pb.Revocation(gpus=sorted(freed), reason=reason)))
+        for gpu in sorted(freed):
+            self._publish_gpu(gpu)
+        self._publish_app_leases(app)
+        self.kick()
+
+    # -- registration and reads ----------------------------------------------------------------
+
+    def _is_admin(self, context) -> bool:
+        token = _bearer(context)
+        return token is not None and hmac.compare_digest(token.encode(), self.admin_token.encode())
+
+    async def _need_admin(self, context) -> None:
+        if _bearer(context) is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the admin token is required")
+        if not self._is_admin(context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this call needs the admin token")
+
+    async def IssueToken(self, request: pb.IssueTokenRequest, context) -> pb.IssueTokenReply:
+        await self._need_admin(context)
+        if not APP_NAME.match(request.app):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"app name {request.app!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alnum)")
+        token = new_secret("reg")
+        self.store.add_token(token, request.app, "registration")
+        return pb.IssueTokenReply(app=request.app, token=token)
+
+    async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
+        token = _bearer(context)
+        if token is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a registration token is required")
+        if not APP_NAME.match(request.app):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad app name {request.app!r}")
+        owner = self.store.token_app(token, "registration")
+        if not self._is_admin(context):
+            if owner is None:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown or used registration token")
+            if owner != request.app:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"this registration token is for {owner!r}, not {request.app!r}")
+        credential = new_secret("app")
+        self.store.exchange_token(None if self._is_admin(context) else token, credential, request.app)
+        log.info("registered", extra={"fields": {"app": request.app}})
+        return pb.RegisterReply(app=request.app, credential=credential)
+
+    async def GetApp(self, request: pb.GetAppRequest, context) -> pb.AppState:
+        token = _bearer(context)
+        if token is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a credential is required")
+        if not self._is_admin(context):
+            caller = self.store.token_app(token, "credential")
+            if caller is None:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown credential")
+            if caller != request.app:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{caller!r} cannot read {request.app!r}")
+        return self._app_state(request.app)
+
+    def _app_state(self, app: str) -> pb.AppState:
+        state = self.engine.apps.get(app)
+        now = self.clock()
+        return pb.AppState(
+            app=app,
+            connected=app in self.conns,
+            active=state is not None,
+            arrived=state.arrived if state else 0.0,
+            demand=(state.demand or 0) if state else 0,
+            last_rho=self.last_rho.get(app, math.inf),
+            n_avg=self.engine.n_avg(app, now) if state else 0.0,
+            leases=[wire.lease_pb(x) for x in sorted(self.engine.leases, key=lambda x: x.gpu) if x.app == app],
+        )
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    def _settings_pb(self) -> pb.Settings:
+        s = self.settings
+        return pb.Settings(policy=s.policy, fairness_knob=s.fairness_knob, lease_s=s.lease_s,
+                           coalesce_s=s.coalesce_s, expiry_window_s=self.engine.expiry_window_s,
+                           report_timeout_s=s.report_timeout_s, bid_timeout_s=s.bid_timeout_s)
+
+    def _cluster_state(self) -> pb.ClusterState:
+        cluster = self.engine.cluster
+        return pb.ClusterState(
+            cluster=cluster.name, size=cluster.size,
+            gpus=wire.places({g: cluster.position(g) for g in cluster.gpu_ids}),
+            free=sorted(self.engine.free_gpus()), drained_machines=sorted(self.engine.drained),
+            leases=[wire.lease_pb(x) for x in sorted(self.engine.leases, key=lambda x: x.gpu)],
+            settings=self._settings_pb(), round_id=self.engine.round_id)
+
+    async def GetClusterState(self, request, context) -> pb.ClusterState:
+        await self._need_admin(context)
+        return self._cluster_state()
+
+    async def ListApps(self, request, context) -> pb.AppList:
+        await self._need_admin(context)
+        return pb.AppList(apps=[self._app_state(a) for a in sorted(set(self.engine.apps) | set(self.conns))])
+
+    async def ListLeases(self, request, context) -> pb.LeaseList:
+        await self._need_admin(context)
+        return pb.LeaseList(leases=[wire.lease_pb(x) for x in sorted(self.engine.leases, key=lambda x: x.gpu)])
+
+    async def RoundHistory(self, request: pb.RoundHistoryRequest, context) -> pb.RoundList:
+        await self._need_admin(context)
+        limit = request.limit if 0 < request.limit <= 10_000 else 50
+        rounds = []
+        for s in self.store.rounds(limit):
+            rounds.append(pb.RoundSummary(
+                round_id=s["round_id"], now=s["now"], offered=s["offered"], bidders=s["bidders"],
+                rejected=s["rejected"], granted=s["granted"], idle=s["idle"], latency_s=s["latency_s"],
+                rho={a: (math.inf if r is None else r) for a, r in s["rho"].items()}))
+        return pb.RoundList(rounds=rounds)
+
+    async def UpdateSettings(self, request: pb.SettingsUpdate, context) -> pb.Settings:
+        await self._need_admin(context)
+        new = replace(self.settings)
+        if request.HasField("policy"):
+            new.policy = request.policy
+        if request.HasField("fairness_knob"):
+            new.fairness_knob = request.fairness_knob
+        if request.HasField("lease_s"):
+            new.lease_s = request.lease_s
+        try:
+            new.check()
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.apply_settings(new)
+        self.journal()
+        log.info("settings", extra={"fields": asdict(new)})
+        return self._settings_pb()
+
+    def apply_settings(self, new: Settings) -> None:
+        """Takes effect from the next round; leases already granted keep their expiry."""
+        self.settings = new
+        self.engine.policy = new.policy_object()
+        self.engine.lease_s = new.lease_s
+        window = new.expiry_window_s if new.expiry_window_s is not None else new.lease_s * EXPIRY_WINDOW_SHARE
+        self.engine.expiry_window_s = max(new.coalesce_s, window)
+
+    async def AddMachine(self, request: pb.AddMachineRequest, context) -> pb.ClusterState:
+        await self._need_admin(context)
+        if request.machine:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "machine names are given by the arbiter (<rack>-m<number>); leave it empty")
+        try:
+            name = self.engine.add_machine(request.rack, request.gpus, request.slots or 1, self.clock())
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.journal()
+        for gpu in self.engine.cluster.machines[name]:
+            self._publish_gpu(gpu)
+        self.kick()
+        log.info("machine added", extra={"fields": {"machine": name, "gpus": request.gpus}})
+        return self._cluster_state()
+
+    async def DrainMachine(self, request: pb.DrainMachineRequest, context) -> pb.ClusterState:
+        await self._need_admin(context)
+        try:
+            self.engine.drain(request.machine)
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        self.journal()
+        log.info("machine drained", extra={"fields": {"machine": request.machine}})
+        return self._cluster_state()
+
+    async def RemoveApp(self, request: pb.RemoveAppRequest, context) -> pb.AppState:
+        await self._need_admin(context)
+        if request.app not in self.engine.apps:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r}")
+        self._remove(request.app, "removed by an admin")
+        self.store.drop_tokens(request.app, "credential")
+        conn = self.conns.get(request.app)
+        if conn is not None:
+            conn.close()
+        return self._app_state(request.app)
+
+
+def _json_num(x: float) -> float | None:
+    return None if math.isinf(x) or math.isnan(x) else x
+
+
+def _summary(result: RoundResult, latency: float) -> dict[str, Any]:
+    granted: dict[str, int] = {}
+    for g in result.grants:
+        granted[g.app] = granted.get(g.app, 0) + len(g.gpus)
+    return {
+        "round_id": result.round_id,
+        "now": result.now,
+        "offered": len(result.offered),
+        "bidders": list(result.bidders),
+        "rejected": dict(result.rejected),
+        "granted": granted,
+        "idle": len(result.idle),
+        "expired": len(result.expired),
+        "latency_s": latency,
+        "rho": {a: _json_num(r) for a, r in result.rho.items()},
+    }
+

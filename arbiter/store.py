@@ -1,0 +1,194 @@
+"""The arbiter's journal: apps, leases, rounds, tokens and the contention history behind N_avg, in
+SQLite (WAL), so that a restarted arbiter goes on where it stopped.
+
+Every change the service makes (a round opening or closing, a release, a demand update, an admin
+call) is written as one transaction holding the engine's whole :class:`~arbiter.rounds.EngineState`
+-- a few hundred rows at most -- so the journal is never half-updated: after ``kill -9`` it holds
+the state as of the last committed change. ``leases.gpu`` is the primary key, so no journal can
+ever record one GPU leased twice. WAL with ``synchronous=NORMAL`` survives a crash of the process;
+a power cut may lose the last changes but never corrupts the file.
+
+Tokens are stored only as SHA-256 hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from arbiter.leases import Lease
+from arbiter.rounds import AppRecord, EngineState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS apps (
+    app TEXT PRIMARY KEY, arrived REAL NOT NULL, contention_at_arrival REAL NOT NULL,
+    attained REAL NOT NULL, demand INTEGER, last_rho REAL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    gpu TEXT PRIMARY KEY, app TEXT NOT NULL, granted_at REAL NOT NULL, expires_at REAL NOT NULL,
+    round_id INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    hash TEXT PRIMARY KEY, app TEXT NOT NULL, kind TEXT NOT NULL, created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rounds (round_id INTEGER PRIMARY KEY, now REAL NOT NULL, summary TEXT NOT NULL);
+"""
+SCHEMA_VERSION = "1"
+ROUNDS_KEPT = 10_000
+
+
+class StoreError(RuntimeError):
+    """A journal that cannot be used (wrong schema version, another cluster's journal, ...)."""
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _num(x: float | None) -> float | None:
+    """JSON and SQLite have no infinity; rho may be infinite (D7)."""
+    return None if x is None or math.isinf(x) else x
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.executescript(SCHEMA)
+        version = self._meta("schema_version")
+        if version is None:
+            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        elif version != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: journal schema {version}, this arbiter writes {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    # -- engine state ----------------------------------------------------------------------
+
+    def bind_cluster(self, name: str) -> None:
+        """Refuse a journal written for another cluster (its leases would name other GPUs)."""
+        known = self._meta("cluster")
+        if known is None:
+            self.db.execute("INSERT INTO meta VALUES ('cluster', ?)", (name,))
+        elif known != name:
+            raise StoreError(f"{self.path}: this journal belongs to cluster {known!r}, not {name!r}")
+
+    def save(
+        self,
+        state: EngineState,
+        *,
+        settings: Mapping[str, Any],
+        rho: Mapping[str, float] | None = None,
+        round_summary: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Journal the engine's whole state (and a finished round) in one transaction."""
+        meta = {
+            "clock": state.clock,
+            "contention": state.contention,
+            "round_id": state.round_id,
+            "pending_since": state.pending_since,
+            "drained": sorted(state.drained),
+            "added_machines": [list(m) for m in state.added_machines],
+            "settings": dict(settings),
+        }
+        cur = self.db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            cur.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()])
+            old_rho = dict(cur.execute("SELECT app, last_rho FROM apps").fetchall())
+            cur.execute("DELETE FROM apps")
+            cur.executemany(
+                "INSERT INTO apps VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (a, r.arrived, r.contention_at_arrival, r.attained, r.demand,
+                     _num((rho or {}).get(a, old_rho.get(a))))
+                    for a, r in state.apps.items()
+                ],
+            )
+            cur.execute("DELETE FROM leases")
+            cur.executemany(
+                "INSERT INTO leases VALUES (?, ?, ?, ?, ?)",
+                [(x.gpu, x.app, x.granted_at, x.expires_at, x.round_id) for x in state.leases],
+            )
+            if round_summary is not None:
+                cur.execute(
+                    "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?)",
+                    (round_summary["round_id"], round_summary["now"], json.dumps(round_summary)),
+                )
+                cur.execute("DELETE FROM rounds WHERE round_id <= ?", (round_summary["round_id"] - ROUNDS_KEPT,))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+
+    def load(self) -> tuple[EngineState, dict[str, Any]] | None:
+        """The journaled state and settings, or None for a new journal."""
+        raw = self._meta("round_id")
+        if raw is None:
+            return None
+        meta = {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta") if k != "schema_version"
+                and k != "cluster"}
+        apps = {
+            a: AppRecord(arrived, c0, attained, demand)
+            for a, arrived, c0, attained, demand, _ in self.db.execute("SELECT * FROM apps ORDER BY app")
+        }
+        leases = tuple(Lease(*row) for row in self.db.execute("SELECT * FROM leases ORDER BY gpu"))
+        state = EngineState(
+            clock=meta["clock"],
+            contention=meta["contention"],
+            round_id=meta["round_id"],
+            pending_since=meta["pending_since"],
+            apps=apps,
+            leases=leases,
+            drained=frozenset(meta.get("drained", ())),
+            added_machines=tuple(tuple(m) for m in meta.get("added_machines", ())),
+        )
+        return state, meta.get("settings", {})
+
+    def last_rho(self) -> dict[str, float]:
+        return {a: (math.inf if r is None else r) for a, r in self.db.execute("SELECT app, last_rho FROM apps")}
+
+    def rounds(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT summary FROM rounds ORDER BY round_id DESC LIMIT ?", (limit,))
+        return [json.loads(s) for (s,) in rows]
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    def add_token(self, token: str, app: str, kind: str) -> None:
+        self.db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (token_hash(token), app, kind, time.time()))
+
+    def token_app(self, token: str, kind: str) -> str | None:
+        row = self.db.execute("SELECT app FROM tokens WHERE hash = ? AND kind = ?", (token_hash(token), kind)).fetchone()
+        return row[0] if row else None
+
+    def exchange_token(self, registration: str | None, credential: str, app: str) -> None:
+        """Use up a registration token and store the credential it buys, in one transaction (a
+        failure must not consume the token without issuing the credential)."""
+        cur = self.db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            if registration is not None:
+                cur.execute("DELETE FROM tokens WHERE hash = ?", (token_hash(registration),))
+            cur.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (token_hash(credential), app, "credential", time.time()))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+
+    def drop_tokens(self, app: str, kind: str) -> None:
+        self.db.execute("DELETE FROM tokens WHERE app = ? AND kind = ?", (app, kind))

@@ -1,0 +1,89 @@
+"""Between the plain values of ``protos.messages`` and the gRPC messages of ``themis.v1``.
+
+The arbiter and the agents speak ``protos.messages`` inside (the simulator hands those across
+directly); these functions are the only place that knows the wire shapes. Anything that comes off
+the wire and cannot be a valid value raises :class:`WireError` with what is wrong, so the service
+can reject it with a reason (INVALID_ARGUMENT) instead of failing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from protos import themis_pb2 as pb
+from protos.messages import BidTable, Offer, Position, RhoReport, RhoRequest
+
+
+class WireError(ValueError):
+    """A message that cannot be turned into a valid value."""
+
+
+def places(gpus: Mapping[str, Position]) -> list[pb.GpuPlace]:
+    return [pb.GpuPlace(gpu=g, rack=p[0], machine=p[1], slot=p[2]) for g, p in gpus.items()]
+
+
+def positions(items: Iterable[pb.GpuPlace]) -> dict[str, Position]:
+    out: dict[str, Position] = {}
+    for p in items:
+        if not p.gpu or p.gpu in out:
+            raise WireError(f"GPU list has an empty or repeated id {p.gpu!r}")
+        out[p.gpu] = (p.rack, p.machine, p.slot)
+    return out
+
+
+def lease_pb(lease) -> pb.Lease:
+    """Any lease record with gpu, app, granted_at, expires_at and round_id (``arbiter.leases.Lease``)."""
+    return pb.Lease(gpu=lease.gpu, app=lease.app, granted_at=lease.granted_at, expires_at=lease.expires_at,
+                    round_id=lease.round_id)
+
+
+def rho_request_pb(req: RhoRequest, deadline: float) -> pb.RhoRequest:
+    return pb.RhoRequest(round_id=req.round_id, now=req.now, n_avg=req.n_avg, cluster_size=req.cluster_size,
+                         held=places(req.held), extras=sorted(req.extras), deadline=deadline)
+
+
+def rho_request(msg: pb.RhoRequest, app: str) -> RhoRequest:
+    return RhoRequest(msg.round_id, app, msg.now, msg.n_avg, msg.cluster_size, positions(msg.held),
+                      frozenset(msg.extras))
+
+
+def offer_pb(offer: Offer) -> pb.Offer:
+    return pb.Offer(round_id=offer.round_id, gpus=places(offer.gpus), now=offer.now, n_avg=offer.n_avg,
+                    cluster_size=offer.cluster_size, deadline=offer.deadline, held=places(offer.held),
+                    previous=places(offer.previous))
+
+
+def offer(msg: pb.Offer) -> Offer:
+    return Offer(msg.round_id, positions(msg.gpus), msg.now, msg.n_avg, msg.cluster_size, msg.deadline,
+                 positions(msg.held), positions(msg.previous))
+
+
+def report_pb(report: RhoReport, round_id: int, app: str) -> pb.RhoReport:
+    return pb.RhoReport(round_id=round_id, app=app, rho=report.rho, demand=report.demand,
+                        remaining_s=report.remaining_s, slowdown=list(report.slowdown),
+                        loss_decrease=report.loss_decrease)
+
+
+def report(msg: pb.RhoReport) -> RhoReport:
+    """The report; value checks (rho > 0, demand >= 0) are the round's (``OpenRound.report``)."""
+    slowdown = tuple(msg.slowdown) or (1.0, 1.0, 1.0, 1.0)
+    if len(slowdown) != 4 or any(not (s >= 1.0 and math.isfinite(s)) for s in slowdown):
+        raise WireError(f"slowdown must be 4 finite numbers >= 1 (one per D1 level), got {list(msg.slowdown)}")
+    return RhoReport(msg.rho, msg.demand, remaining_s=msg.remaining_s, slowdown=slowdown,  # type: ignore[arg-type]
+                     loss_decrease=msg.loss_decrease)
+
+
+def bid_pb(table: BidTable, round_id: int, app: str) -> pb.Bid:
+    return pb.Bid(round_id=round_id, app=app, rho_old=table.rho_old,
+                  rows=[pb.BidRow(gpus=sorted(gpus), rho=rho) for gpus, rho in table.rows])
+
+
+def bid(msg: pb.Bid) -> BidTable:
+    """The table with each row's GPUs as a tuple, as sent: ``arbiter.auction.validate_bid`` must
+    still see a GPU listed twice. :func:`frozen` turns a validated table into sets."""
+    return BidTable(msg.rho_old, tuple((tuple(row.gpus), row.rho) for row in msg.rows))
+
+
+def frozen(table: BidTable) -> BidTable:
+    return BidTable(table.rho_old, tuple((frozenset(gpus), rho) for gpus, rho in table.rows))

@@ -1,0 +1,116 @@
+"""AppRunner and lease loss, with real job processes (agent.launcher) and a scripted stand-in for
+the arbiter side of the AgentClient (what the runner reads of it: held GPUs, grants, revocations):
+the runner must never keep or start a job on a GPU the app may no longer hold."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+import time
+
+from agent.agent import Agent
+from agent.client import HeldGpu
+from agent.launcher import Launcher
+from agent.runner import AppRunner
+from hyperparam_adapters.hyperband import BracketTuner, Rung
+
+JOB = textwrap.dedent("""
+    import sys, time
+    from agent.job import Job
+    job = Job.from_env()
+    state = job.resume() or {"it": 0}
+    it = state["it"]
+    while True:
+        time.sleep(0.05)
+        it += 1
+        if job.step(it, 1.0 / it):
+            break
+    time.sleep(float(sys.argv[1]))  # slow to leave (evaluation, a big checkpoint)
+    job.save({"it": it})
+""")
+
+
+class ScriptedClient:
+    """The AgentClient surface AppRunner uses, driven by the test instead of an arbiter."""
+
+    def __init__(self, adapter):
+        self.agent, self.app = Agent(adapter), "a"
+        self.on_grant = self.on_revoke = None
+        self.held: dict[str, HeldGpu] = {}
+        self.finished = False
+        self.welcomed = asyncio.Event()
+
+    def grant(self, gpus, expires_at):
+        got = {g: HeldGpu(g, ("r0", "r0-m0", g), expires_at) for g in gpus}
+        self.held.update(got)
+        if self.on_grant:
+            self.on_grant(got)
+
+    def revoke(self, gpus):
+        for g in gpus:
+            self.held.pop(g, None)
+        if self.on_revoke:
+            self.on_revoke(list(gpus), "lease expired")
+
+    def release(self, gpus):
+        for g in gpus:
+            self.held.pop(g, None)
+
+    def set_demand(self, demand):
+        pass
+
+    def done(self):
+        self.finished = True
+
+    def stop(self):
+        pass
+
+
+def make(tmp_path, adapter, linger_s=0.0, grace_s=5.0):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    client = ScriptedClient(adapter)
+    launcher = Launcher("a", [sys.executable, str(script), str(linger_s)], tmp_path / "w", grace_s=grace_s,
+                        env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[1])})
+    return AppRunner(adapter, client, launcher), client, launcher
+
+
+def test_no_job_runs_on_a_lease_that_ran_out_while_the_stream_was_down(tmp_path):
+    adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 1000)]], iter_time=0.05)
+    runner, client, launcher = make(tmp_path, adapter)
+    client.grant(["r0-m0-g0"], expires_at=time.time() - 60)  # disconnected: no revocation can come
+    try:
+        for _ in range(10):
+            runner.step()
+            time.sleep(0.05)
+        assert not launcher.live()
+        client.welcomed.set()  # connected again: the Welcome would have listed it, so it is ours
+        client.held["r0-m0-g0"] = HeldGpu("r0-m0-g0", ("r0", "r0-m0", "r0-m0-g0"), time.time() + 600)
+        for _ in range(10):
+            runner.step()
+            time.sleep(0.05)
+        assert [run.gpus for run in launcher.live().values()] == [("r0-m0-g0",)]
+    finally:
+        asyncio.run(launcher.shutdown(1))
+
+
+def test_a_job_leaving_at_its_target_is_hurried_when_its_gpus_are_revoked(tmp_path):
+    adapter = BracketTuner({"lr": [0.1, 0.2]}, [[Rung(2, 3), Rung(1, 6)]], iter_time=0.05)
+    runner, client, launcher = make(tmp_path, adapter, linger_s=30.0, grace_s=5.0)
+    client.welcomed.set()
+    client.grant(["r0-m0-g0", "r0-m0-g1"], expires_at=time.time() + 600)
+    try:
+        deadline = time.monotonic() + 10
+        stopping = []
+        while not stopping and time.monotonic() < deadline:
+            runner.step()
+            time.sleep(0.05)
+            stopping = [(j, r) for j, r in launcher.live().items() if r.state == "stopping"]
+        job, run = stopping[0]
+        assert not run.signalled  # at its target: left to exit by itself
+        client.revoke(list(run.gpus))
+        runner.step()
+        assert launcher.run_of(job).signalled  # its GPUs are gone: SIGTERM now, not after a grace
+    finally:
+        asyncio.run(launcher.shutdown(1))
