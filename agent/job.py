@@ -25,8 +25,14 @@ go one of two ways, chosen by the launcher:
 * ``THEMIS_METRICS_FD``: one JSON line per report written to a pipe the launcher inherited to the job.
   Lines under 4 KiB are written atomically (PIPE_BUF); the pipe needs no disk, no polling and no
   broker, and it reports the launcher's death to the job (a broken pipe stops the job gracefully).
+* ``THEMIS_METRICS_FILE``: one JSON line per report appended (O_APPEND, one write each) to a file on
+  storage the agent shares with the job's machine, for jobs a cluster engine runs (``agent.executors``).
 * ``THEMIS_MQTT``: published straight to the broker on ``THEMIS_METRICS_TOPIC`` (QoS 1, paho), for
   jobs that run where the agent cannot hand them a pipe.
+
+On a cluster engine (Slurm) the engine, not the launcher, sets ``CUDA_VISIBLE_DEVICES``; the
+launcher adds ``THEMIS_CUDA_DEVICES`` (what the lease says) and :meth:`Job.from_env` refuses to
+train when the two differ, so a misconfigured GRES mapping fails loudly instead of double-booking.
 
 Started by hand (none of the variables set) a job trains normally: ``step`` only watches for SIGTERM
 and the target, and nothing is reported.
@@ -35,7 +41,8 @@ The environment the launcher sets (``agent.launcher``): ``CUDA_VISIBLE_DEVICES``
 ``THEMIS_JOB``, ``THEMIS_GPUS`` (GPU ids, comma-separated), ``THEMIS_PLACEMENT`` (JSON list of
 ``[rack, machine, slot]``), ``THEMIS_DEMAND``, ``THEMIS_CHECKPOINT``, ``THEMIS_METRICS_TOPIC``,
 ``THEMIS_PARAMS`` (JSON), ``THEMIS_START_ITERATION``, ``THEMIS_TARGET_ITERATION`` (empty: none),
-``THEMIS_LAUNCHER_PID`` and one of ``THEMIS_METRICS_FD`` / ``THEMIS_MQTT``.
+``THEMIS_LAUNCHER_PID`` (local executor), ``THEMIS_CUDA_DEVICES`` (other executors) and one of
+``THEMIS_METRICS_FD`` / ``THEMIS_METRICS_FILE`` / ``THEMIS_MQTT``.
 """
 
 from __future__ import annotations
@@ -58,7 +65,11 @@ from typing import Any
 from agent.placement import Position
 from agent.profiler import metrics_payload
 
-__all__ = ["Job"]
+__all__ = ["GpuMismatch", "Job"]
+
+
+class GpuMismatch(RuntimeError):
+    """The engine gave the job other GPUs than its lease names."""
 
 log = logging.getLogger("themis.job")
 
@@ -140,6 +151,7 @@ class Job:
         start_iteration: int = 0,
         target_iteration: int | None = None,
         metrics_fd: int | None = None,
+        metrics_file: str | os.PathLike[str] | None = None,
         mqtt: str | None = None,
         launcher_pid: int | None = None,
         handle_sigterm: bool = True,
@@ -152,11 +164,12 @@ class Job:
         self.start_iteration, self.target_iteration = start_iteration, target_iteration
         self.reports = 0
         self._fd = metrics_fd
+        self._file = Path(metrics_file) if metrics_file else None
         self._sink: _MqttSink | None = None
         self._stop = threading.Event()
         self._last: tuple[float, float] | None = None  # (iteration, monotonic time) of the last step
         self._started = time.monotonic()
-        if mqtt and metrics_fd is None and metrics_topic and placement:
+        if mqtt and metrics_fd is None and self._file is None and metrics_topic and placement:
             self._sink = _MqttSink(mqtt, f"themis-job-{app}-{job_id}-{os.getpid()}")
         self._handles_sigterm = False
         if handle_sigterm:
@@ -175,6 +188,11 @@ class Job:
     def from_env(cls, environ: Mapping[str, str] | None = None, *, handle_sigterm: bool = True) -> Job:
         """The job the launcher started (``os.environ``), or a standalone one when run by hand."""
         env = os.environ if environ is None else environ
+        expected = env.get("THEMIS_CUDA_DEVICES")
+        if expected is not None and env.get("CUDA_VISIBLE_DEVICES") != expected:
+            raise GpuMismatch(f"job {env.get('THEMIS_JOB', '?')}: the lease gives GPU indices {expected!r} but the "
+                              f"engine set CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}; check the "
+                              "GRES mapping (docs/executors.md)")
         placement = tuple(tuple(p) for p in json.loads(env.get("THEMIS_PLACEMENT") or "[]"))
         target = env.get("THEMIS_TARGET_ITERATION", "")
         fd = env.get("THEMIS_METRICS_FD", "")
@@ -192,6 +210,7 @@ class Job:
             start_iteration=int(env.get("THEMIS_START_ITERATION") or 0),
             target_iteration=int(target) if target else None,
             metrics_fd=int(fd) if fd else None,
+            metrics_file=env.get("THEMIS_METRICS_FILE") or None,
             mqtt=env.get("THEMIS_MQTT") or None,
             launcher_pid=int(pid) if pid else None,
             handle_sigterm=handle_sigterm,
@@ -220,7 +239,7 @@ class Job:
 
     @property
     def reporting(self) -> bool:
-        return bool(self.placement) and (self._fd is not None or self._sink is not None)
+        return bool(self.placement) and (self._fd is not None or self._file is not None or self._sink is not None)
 
     def step(self, iteration: int | float, loss: float | None = None, **extra: Any) -> bool:
         """Report ``loss`` after ``iteration`` completed iterations, with the wall-clock time per
@@ -254,6 +273,12 @@ class Job:
             except BrokenPipeError:  # the launcher is gone: checkpoint and leave
                 self._fd = None
                 self._stop.set()
+        elif self._file is not None:
+            fd = os.open(self._file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data + b"\n")  # one write: a reader never sees half a line followed by another
+            finally:
+                os.close(fd)
         elif self._sink is not None:
             self._sink.send(self.metrics_topic, data)  # type: ignore[arg-type]
 

@@ -140,6 +140,11 @@ class Run:
         return int(self.handle.ref)
 
     @property
+    def active(self) -> bool:
+        """Running, or queued by a cluster engine to run: on its GPUs and not asked to stop."""
+        return self.state in ("running", "pending")
+
+    @property
     def state(self) -> str:
         """exited, stopping, pending (queued by a cluster engine) or running."""
         if self.returncode is not None:
@@ -321,13 +326,12 @@ class Launcher:
                 import fcntl
 
                 fcntl.fcntl(read_fd, 1031, 1 << 20)  # F_SETPIPE_SZ
-            env["THEMIS_METRICS_FD"] = str(write_fd)
         elif self.report == "file":
             metrics_file = self.metrics_path(job, attempt)
             metrics_file.unlink(missing_ok=True)
             env["THEMIS_METRICS_FILE"] = str(metrics_file)
         command = JobCommand(self.app, job, tuple(argv), self.log_path(job), str(self.cwd) if self.cwd else None,
-                             (write_fd,) if write_fd is not None else (), attempt)
+                             (("THEMIS_METRICS_FD", write_fd),) if write_fd is not None else (), attempt)
         try:
             with open(self.log_path(job), "ab") as out:
                 where = " + ".join(f"{m}:{','.join(map(str, i))}" for m, i in parts)

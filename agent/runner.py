@@ -188,13 +188,15 @@ class AppRunner:
         grace_s: float = 10.0,
         env: Mapping[str, str] | None = None,
         tls_ca: bytes | None = None,
+        executor: Any = None,
         **kwargs: Any,
     ) -> AppRunner:
         """Everything from names. The app's credential: ``credential``, else the one kept in
         ``credential_file``, else one got by registering with ``token`` (admin-issued, good once;
         written to ``credential_file``, mode 0600, when given). With ``mqtt``, makes (and later
         stops) the bus that carries job metrics. ``cluster`` is the arbiter's cluster name (the
-        metrics topics' second level); other keyword arguments go to :class:`AppRunner`."""
+        metrics topics' second level); ``executor`` runs the jobs (``agent.executors``: a name or an
+        instance; default local processes); other keyword arguments go to :class:`AppRunner`."""
         path = Path(credential_file) if credential_file is not None else None
         if credential is None and path is not None and path.exists():
             credential = path.read_text().strip()
@@ -213,7 +215,7 @@ class AppRunner:
             await bus.start()
         client = AgentClient(Agent(adapter), app, arbiter, credential, tls_ca=tls_ca)
         launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
-                            grace_s=grace_s, env=env)
+                            grace_s=grace_s, env=env, executor=executor)
         runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)
         runner._own_bus = bus  # started here, stopped when the run ends
         return runner
@@ -307,7 +309,7 @@ class AppRunner:
             self._on_exit(exited)
         for job in to_stop:
             run = self.launcher.run_of(job)
-            if run is None or run.state != "running":
+            if run is None or not run.active:
                 continue
             target = getattr(run.spec, "target_iteration", None)
             # a job that reached its target exits by itself: no SIGTERM into its checkpoint and exit
@@ -331,7 +333,7 @@ class AppRunner:
             if run.state == "stopping" and not run.signalled and set(run.gpus) - set(held):
                 self.launcher.stop(job, self.grace_s, reason="GPUs lost")  # was leaving by itself: hurry it
                 continue
-            if run.state != "running":
+            if not run.active:
                 continue
             want = desired.get(job)
             if want is None or set(want) != set(run.gpus):
@@ -385,7 +387,7 @@ class AppRunner:
         if not held:
             return {}
         wanted = {j: g for j, g in self.adapter.assign(held).items() if j not in self.failed}
-        live = {j: r.gpus for j, r in self.launcher.live().items() if r.state == "running"}
+        live = {j: r.gpus for j, r in self.launcher.live().items() if r.active}
         out: dict[str, tuple[str, ...]] = {}
         for job, gpus in wanted.items():
             cur = live.get(job)

@@ -5,6 +5,7 @@
     themis-arbiter issue-token APP [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter status [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter demo [--seconds 60]
+    themis-arbiter cluster-from-slurm [--name NAME] [--gres-type g{index}] [--from FILE] > cluster.toml
 
 ``serve`` keeps its journal in ``--db`` (default ``themis-arbiter.db`` here) and, without an admin
 token given (``--admin-token`` or THEMIS_ADMIN_TOKEN), writes one to ``<db>.admin-token``. Logs are
@@ -129,6 +130,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(seconds=args.seconds, mqtt=args.mqtt)
 
 
+def cmd_cluster_from_slurm(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from arbiter.slurm_nodes import cluster_toml, parse_nodes
+
+    if args.from_file:
+        text = Path(args.from_file).read_text()
+    else:
+        try:
+            text = subprocess.run(["scontrol", "--oneliner", "show", "nodes"], capture_output=True, text=True,
+                                  check=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or exc
+            print(f"themis-arbiter: cluster-from-slurm: scontrol failed: {detail}", file=sys.stderr)
+            return 1
+    try:
+        toml = cluster_toml(parse_nodes(text, args.gres_type), args.name)
+    except ValueError as exc:
+        print(f"themis-arbiter: cluster-from-slurm: {exc}", file=sys.stderr)
+        return 1
+    import tomllib
+
+    from arbiter.cluster import cluster_from_mapping
+
+    cluster_from_mapping(tomllib.loads(toml), "<generated>")  # what we write must load
+    sys.stdout.write(toml)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="themis-arbiter", description="The Themis arbiter service")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -167,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seconds", type=float, default=60.0)
     d.add_argument("--mqtt", help="also publish events to this broker")
     d.set_defaults(func=cmd_demo)
+    cs = sub.add_parser("cluster-from-slurm", help="write a cluster file from `scontrol show nodes` (issue 6)")
+    cs.add_argument("--name", default="slurm", help="the cluster's name (default slurm)")
+    cs.add_argument("--gres-type", default="g{index}", help="GRES type naming per GPU index (default g{index})")
+    cs.add_argument("--from", dest="from_file", help="read saved `scontrol --oneliner show nodes` output instead")
+    cs.set_defaults(func=cmd_cluster_from_slurm)
     args = parser.parse_args(argv)
     import grpc
 

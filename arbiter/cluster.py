@@ -9,14 +9,20 @@ A cluster is loaded from a TOML file (see ``arbiter/clusters/*.toml``)::
     gpus = 8                         # GPUs per machine
     slots = 4                        # GPUs are split evenly over slots (default: one slot per GPU)
     count = 4                        # how many such machines (default 1)
+    [[racks.machines]]
+    gpus = 4
+    names = ["n1", "n2"]             # machines named as the cluster engine knows them (Slurm nodes)
 
 GPU ids are stable and readable: ``<rack>-m<machine>-g<index>``, machines numbered across the whole
-cluster in file order (the same naming as ``shared/data/auction-instances``). Every error names the
-file and the key (or line, for TOML syntax) that is wrong.
+cluster in file order (the same naming as ``shared/data/auction-instances``); a named machine's GPUs
+are ``<name>-g<index>``, so an executor can tell the node and the index from the lease (issue 6;
+``themis-arbiter cluster-from-slurm`` writes such a file from ``scontrol show nodes``). Every error
+names the file and the key (or line, for TOML syntax) that is wrong.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +32,9 @@ from pathlib import Path
 
 SLOT, MACHINE, RACK, CLUSTER = 0, 1, 2, 3
 LEVEL_NAMES = {SLOT: "slot", MACHINE: "machine", RACK: "rack", CLUSTER: "cluster"}
+
+
+MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class ClusterFileError(ValueError):
@@ -94,7 +103,10 @@ class Cluster:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1 or gpus % slots:
             raise ValueError(f"{gpus} GPUs cannot be split evenly over {slots!r} slots")
         numbers = [int(m.rsplit("-m", 1)[1]) for m in self.machines if m.rsplit("-m", 1)[-1].isdigit()]
-        machine = f"{rack}-m{max(numbers, default=-1) + 1}"
+        number = max(numbers, default=-1) + 1
+        while f"{rack}-m{number}" in self.machines:
+            number += 1
+        machine = f"{rack}-m{number}"
         per_slot = gpus // slots
         added = {f"{machine}-g{k}": Gpu(f"{machine}-g{k}", f"{machine}-s{k // per_slot}", machine, rack, k)
                  for k in range(gpus)}
@@ -141,6 +153,7 @@ def cluster_from_mapping(data: Mapping, path: str = "<cluster>") -> Cluster:
     order: list[str] = []
     rack_names: set[str] = set()
     machine_no = 0
+    used_names: set[str] = set()
     for ri, rack in enumerate(racks):
         where = f"racks[{ri}]"
         if not isinstance(rack, Mapping):
@@ -162,21 +175,36 @@ def cluster_from_mapping(data: Mapping, path: str = "<cluster>") -> Cluster:
             if not isinstance(spec, Mapping):
                 raise ClusterFileError(f"{path}: {mwhere} must be a table")
             for key in spec:
-                if key not in {"gpus", "slots", "count"}:
+                if key not in {"gpus", "slots", "count", "names"}:
                     raise ClusterFileError(f"{path}: {mwhere}: unknown key {key!r}")
             if "gpus" not in spec:
                 raise ClusterFileError(f"{path}: {mwhere}: missing key 'gpus'")
             n_gpus = _positive_int(spec["gpus"], f"{mwhere}.gpus", path)
             n_slots = _positive_int(spec.get("slots", n_gpus), f"{mwhere}.slots", path)
-            count = _positive_int(spec.get("count", 1), f"{mwhere}.count", path)
+            names = spec.get("names")
+            if names is not None:
+                if not isinstance(names, list) or not names or not all(
+                        isinstance(n, str) and MACHINE_NAME.match(n) for n in names):
+                    raise ClusterFileError(f"{path}: {mwhere}.names must be a non-empty list of machine names "
+                                           "(letters, digits, '.', '_', '-'; starting with a letter or digit)")
+                for n in names:
+                    if n in used_names:
+                        raise ClusterFileError(f"{path}: {mwhere}.names: machine {n!r} is named twice")
+                    used_names.add(n)
+                if "count" in spec and spec["count"] != len(names):
+                    raise ClusterFileError(f"{path}: {mwhere}: count {spec['count']!r} but {len(names)} names")
+            count = len(names) if names is not None else _positive_int(spec.get("count", 1), f"{mwhere}.count", path)
             if n_gpus % n_slots:
                 raise ClusterFileError(
                     f"{path}: {mwhere}: {n_gpus} gpus cannot be split evenly over {n_slots} slots"
                 )
             per_slot = n_gpus // n_slots
-            for _ in range(count):
-                machine = f"{rname}-m{machine_no}"
+            for k in range(count):
+                machine = names[k] if names is not None else f"{rname}-m{machine_no}"
                 machine_no += 1
+                if names is None and machine in used_names:
+                    raise ClusterFileError(f"{path}: {mwhere}: machine {machine!r} is also a name given in the file")
+                used_names.add(machine)
                 for k in range(n_gpus):
                     gid = f"{machine}-g{k}"
                     gpus[gid] = Gpu(gid, f"{machine}-s{k // per_slot}", machine, rname, k)

@@ -3,6 +3,7 @@
     python examples/digits_search.py                      # about a minute on 2 cores
     python examples/digits_search.py --budget test        # ~20 s: what the end-to-end test runs
     python examples/digits_search.py --mqtt mqtt://127.0.0.1:1883   # events and job metrics on a broker
+    python examples/digits_search.py --executor slurm     # the jobs as Slurm jobs (docs/executors.md)
 
 What runs, all on loopback:
 
@@ -27,6 +28,13 @@ It ends with a summary: each app's rho and GPUs over time, its completion time, 
 resumed runs, and the best hyperparameters found with their validation accuracy. ``--json PATH``
 writes the same as data. ``--report mqtt`` (with ``--mqtt``) makes the jobs publish their metrics
 to the broker themselves instead of through the launcher's pipe.
+
+``--executor slurm`` (issue 6) runs every job as a Slurm batch job pinned to its leased node and GPU
+indices, on whatever cluster ``SLURM_CONF`` (or the default configuration) names. The arbiter's
+4-GPU cluster is then two GPUs (indices 0 and 1) of each of the first two Slurm nodes that declare
+per-index GPU types (``arbiter.slurm_nodes``), so the contention is the same as on one machine; jobs
+report through metrics files in ``--workdir`` (which the nodes must share) unless ``--report mqtt``.
+``scripts/slurm-demo`` starts a local fake-GPU Slurm and runs this.
 """
 
 from __future__ import annotations
@@ -178,6 +186,22 @@ def render(summaries: list[dict[str, Any]], rounds: dict[str, Any], total_s: flo
 # ---------------------------------------------------------------------------------------------- the run
 
 
+def slurm_cluster_toml() -> str:
+    """Two GPUs of each of the first two usable Slurm nodes, shaped like ``CLUSTER_TOML``."""
+    import subprocess
+
+    from arbiter.slurm_nodes import parse_nodes
+
+    text = subprocess.run(["scontrol", "--oneliner", "show", "nodes"], capture_output=True, text=True, check=True,
+                          timeout=30).stdout
+    nodes = [n.name for n in parse_nodes(text) if not n.problem and n.gpu_indices[:2] == (0, 1)]
+    if len(nodes) < 2:
+        raise SystemExit(f"--executor slurm needs two Slurm nodes with per-index GPU types g0, g1; found {nodes}")
+    names = ", ".join(f'"{n}"' for n in nodes[:2])
+    return (f'name = "{CLUSTER}"\ndescription = "GPUs 0-1 of Slurm nodes {nodes[0]} and {nodes[1]}"\n'
+            f'[[racks]]\nname = "r0"\nmachines = [{{ gpus = 2, slots = 2, names = [{names}] }}]\n')
+
+
 async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
     budget = BUDGETS[args.budget]
     lease = args.lease or budget.lease_s
@@ -185,14 +209,15 @@ async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
         workdir = Path(args.workdir) if args.workdir else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         cluster_file = Path(tmp) / f"{CLUSTER}.toml"
-        cluster_file.write_text(CLUSTER_TOML)
+        cluster_file.write_text(slurm_cluster_toml() if args.executor == "slurm" else CLUSTER_TOML)
         server = ArbiterServer(ServerConfig(
             cluster=str(cluster_file), port=0, db=Path(tmp) / "arbiter.db", mqtt=args.mqtt, admin_token=ADMIN,
             lease_s=lease, report_timeout_s=1.0, bid_timeout_s=1.0, coalesce_s=0.2))
         port = await server.start()
         target = f"127.0.0.1:{port}"
         print(f"arbiter on {target}: cluster {CLUSTER} (4 GPUs), lease {lease:g} s, "
-              f"events {'on ' + args.mqtt if args.mqtt else 'in memory'}; jobs report via {args.report}", file=out)
+              f"events {'on ' + args.mqtt if args.mqtt else 'in memory'}; jobs run by the {args.executor} executor "
+              f"and report via {args.report}", file=out)
         started = time.time()
         rounds = {"rounds": 0, "expired": 0, "granted": 0}
         subscription = server.service.bus.subscribe(rounds_topic(CLUSTER))
@@ -217,6 +242,7 @@ async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
                 runner = await AppRunner.create(
                     adapter, argv, app=name, arbiter=target, token=token, workdir=str(workdir / name),
                     cluster=CLUSTER, mqtt=args.mqtt, report=args.report, grace_s=5.0, env=THREADS,
+                    executor=args.executor,
                     profiler=Profiler(iter_time_serial=0.025 * budget.epochs))
                 runners.append(runner)
             results = await asyncio.gather(*(r.run(timeout=budget.timeout_s) for r in runners), return_exceptions=True)
@@ -231,6 +257,7 @@ async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
         summaries = [r.summary() for r in runners]
         render(summaries, rounds, total, out)
         return {"budget": args.budget, "lease_s": lease, "mqtt": args.mqtt, "report": args.report,
+                "executor": args.executor,
                 "cluster": CLUSTER, "seconds": round(total, 2), "rounds": rounds, "apps": summaries}
 
 
@@ -238,14 +265,20 @@ def main(argv_: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Two real hyperparameter searches sharing a Themis arbiter.")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="default")
     parser.add_argument("--mqtt", default=None, help="broker URL (mqtt://host:port) for events and job metrics")
-    parser.add_argument("--report", choices=("pipe", "mqtt"), default="pipe",
-                        help="how jobs report: through the launcher's pipe (default) or straight to the broker")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="run jobs as local processes (default) or as Slurm jobs (docs/executors.md)")
+    parser.add_argument("--report", choices=("pipe", "file", "mqtt"), default=None,
+                        help="how jobs report: the launcher's pipe (local default), a metrics file (slurm "
+                             "default) or straight to the broker")
     parser.add_argument("--lease", type=float, default=None, help="lease length in seconds (budget's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep checkpoints and job logs here (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the summary as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no line per round")
     args = parser.parse_args(argv_)
+    args.report = args.report or ("pipe" if args.executor == "local" else "file")
+    if args.report == "pipe" and args.executor != "local":
+        parser.error("--report pipe works with the local executor only")
     if args.report == "mqtt" and not args.mqtt:
         parser.error("--report mqtt needs --mqtt URL")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -43,15 +43,17 @@ class LaunchError(RuntimeError):
 class JobCommand:
     """What to run for one start of a job: its command, where, and where its output goes.
 
-    ``pass_fds`` are file descriptors the job inherits (the local executor's metrics pipe); an
-    executor whose jobs are not children of this process refuses them."""
+    ``fds`` are file descriptors the job inherits, each named by the environment variable that
+    tells the job its number (the local executor's metrics pipe: ``THEMIS_METRICS_FD``). The caller
+    may close them once :meth:`Executor.launch` returns. An executor whose jobs are not children of
+    this process refuses them."""
 
     app: str
     job_id: str
     argv: tuple[str, ...]
     log_path: Path
     cwd: str | None = None
-    pass_fds: tuple[int, ...] = ()
+    fds: tuple[tuple[str, int], ...] = ()
     attempt: int = 1  # how many times the job has been started, this one included
 
 

@@ -6,11 +6,20 @@ main process ends, what is left of its group is killed before the leader is reap
 cannot be reused while its leader is a zombie, so the kill cannot hit a stranger). The machines a
 lease names are not checked: on one host every machine of the cluster file is this one, so a job
 spanning machines sees the union of its indices.
+
+GPU locks (``lock_dir``). Leases keep apps off each other's GPUs, but a job that lost its lease may
+still be writing its checkpoint when the GPU's next holder starts. A cluster engine holds the new job
+back until the old one is gone (Slurm does); with ``lock_dir`` this executor does the same on one
+host: it takes an exclusive ``flock`` on ``<lock_dir>/<machine>-g<index>.lock`` for every GPU of a
+job before starting it, keeps the job ``pending`` while another process (any agent on the host) holds
+one, and drops the locks only once the job's whole process group is gone. The kernel drops them if
+the agent dies, so nothing stays locked by a dead agent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -27,9 +36,13 @@ __all__ = ["LocalExecutor"]
 class LocalExecutor(Executor):
     local = True
 
-    def __init__(self) -> None:
+    def __init__(self, lock_dir: str | os.PathLike[str] | None = None) -> None:
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else None
         self._runs: dict[str, tuple[_Tracked, subprocess.Popen]] = {}
         self._done: dict[str, Status] = {}
+        self._waiting: dict[str, tuple[_Tracked, JobCommand, dict[str, str], dict[str, int]]] = {}  # for GPU locks
+        self._locks: dict[str, list[int]] = {}  # ref -> lock file descriptors held for it
+        self._seq = 0
 
     def launch(self, job: JobCommand, machine: str, gpu_indices: Sequence[int], checkpoint: Path,
                env: Mapping[str, str], *, more: Sequence[tuple[str, Sequence[int]]] = ()) -> Handle:
@@ -38,18 +51,69 @@ class LocalExecutor(Executor):
         visible = tuple(dict.fromkeys(indices + tuple(i for _, more_indices in extra for i in more_indices)))
         env = {**env, "CUDA_VISIBLE_DEVICES": self.cuda_visible_devices(visible), "THEMIS_CHECKPOINT": str(checkpoint)}
         job.log_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(job.log_path, "ab") as out:
-                popen = subprocess.Popen(
-                    list(job.argv), env=env, cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT, pass_fds=job.pass_fds, start_new_session=True, close_fds=True)
-        except OSError as exc:
-            raise LaunchError(f"job {job.job_id}: cannot start {job.argv[0]!r}: {exc}") from exc
-        handle = Handle(self.name, str(popen.pid), job.job_id, machine, indices, extra)
-        self._runs[handle.ref] = (_Tracked(handle), popen)
+        fds = {name: os.dup(fd) for name, fd in job.fds}  # ours: the caller closes its own
+        if self.lock_dir is None:
+            popen = self._spawn(job, env, fds)
+            handle = Handle(self.name, str(popen.pid), job.job_id, machine, indices, extra)
+            self._runs[handle.ref] = (_Tracked(handle), popen)
+            return handle
+        self._seq += 1
+        handle = Handle(self.name, f"w{self._seq}", job.job_id, machine, indices, extra)
+        self._waiting[handle.ref] = (_Tracked(handle), job, env, fds)
+        self._start_waiting()
         return handle
 
+    def _spawn(self, job: JobCommand, env: Mapping[str, str], fds: Mapping[str, int]) -> subprocess.Popen:
+        """Start the process; the inherited ``fds`` are closed here whatever happens."""
+        try:
+            with open(job.log_path, "ab") as out:
+                return subprocess.Popen(
+                    list(job.argv), env={**env, **{k: str(fd) for k, fd in fds.items()}}, cwd=job.cwd,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=tuple(fds.values()),
+                    start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise LaunchError(f"job {job.job_id}: cannot start {job.argv[0]!r}: {exc}") from exc
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _lock(self, handle: Handle) -> list[int] | None:
+        """Exclusive locks on all of the handle's GPUs, or None (and nothing held) if one is taken."""
+        assert self.lock_dir is not None
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        held: list[int] = []
+        for machine, indices in ((handle.machine, handle.gpu_indices), *handle.more):
+            for i in indices:
+                fd = os.open(self.lock_dir / f"{machine}-g{i}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    for other in held:
+                        os.close(other)
+                    return None
+                held.append(fd)
+        return held
+
+    def _start_waiting(self) -> None:
+        for ref, (tracked, job, env, fds) in list(self._waiting.items()):
+            locks = self._lock(tracked.handle)
+            if locks is None:
+                continue
+            del self._waiting[ref]
+            try:
+                popen = self._spawn(job, env, fds)
+            except LaunchError as exc:
+                for fd in locks:
+                    os.close(fd)
+                self._done[ref] = Status(tracked.handle, "exited", 127, False, str(exc))
+                continue
+            self._locks[ref] = locks
+            self._runs[ref] = (tracked, popen)
+
     def stop(self, handle: Handle, grace: float) -> None:
+        if self._cancel_waiting(handle, False):
+            return
         entry = self._runs.get(handle.ref)
         if entry is None:
             return
@@ -61,7 +125,18 @@ class LocalExecutor(Executor):
         if tracked.kill_at is None or deadline < tracked.kill_at:
             tracked.kill_at = deadline
 
+    def _cancel_waiting(self, handle: Handle, killed: bool) -> bool:
+        """A job still waiting for its GPU locks never started: it ends at once."""
+        waiting = self._waiting.pop(handle.ref, None)
+        if waiting is not None:
+            for fd in waiting[3].values():
+                os.close(fd)
+            self._done[handle.ref] = Status(handle, "exited", -int(signal.SIGTERM), killed, "cancelled before start")
+        return waiting is not None
+
     def kill(self, handle: Handle) -> None:
+        if self._cancel_waiting(handle, True):
+            return
         entry = self._runs.get(handle.ref)
         if entry is not None:
             entry[0].killed = entry[0].signalled = True
@@ -69,7 +144,10 @@ class LocalExecutor(Executor):
 
     def poll(self) -> list[Status]:
         now = time.monotonic()
-        out = list(self._done.values())
+        if self._waiting:
+            self._start_waiting()
+        out = list(self._done.values()) + [Status(t.handle, "pending", detail="waiting for GPU locks")
+                                           for t, *_ in self._waiting.values()]
         for ref, (tracked, popen) in list(self._runs.items()):
             if tracked.kill_at is not None and now >= tracked.kill_at and not tracked.killed:
                 tracked.killed = True
@@ -78,6 +156,8 @@ class LocalExecutor(Executor):
                 self._signal(tracked.handle, signal.SIGKILL)  # whatever the job left behind in its group
                 status = Status(tracked.handle, "exited", popen.wait(), tracked.killed, "exited")
                 del self._runs[ref]
+                for fd in self._locks.pop(ref, ()):
+                    os.close(fd)
                 self._done[ref] = status
                 out.append(status)
             else:
@@ -88,6 +168,8 @@ class LocalExecutor(Executor):
         self._done.pop(handle.ref, None)
 
     def close(self) -> None:
+        for tracked, *_ in list(self._waiting.values()):
+            self._cancel_waiting(tracked.handle, True)
         for tracked, popen in list(self._runs.values()):
             tracked.killed = True
             self._signal(tracked.handle, signal.SIGKILL)
@@ -96,6 +178,8 @@ class LocalExecutor(Executor):
                 code = popen.wait(timeout=5)
                 self._done[ref] = Status(tracked.handle, "exited", code, True, "killed at exit")
                 del self._runs[ref]
+                for fd in self._locks.pop(ref, ()):
+                    os.close(fd)
 
     @staticmethod
     def _ended(popen: subprocess.Popen) -> bool:
@@ -107,7 +191,8 @@ class LocalExecutor(Executor):
             return True
         return info is not None and info.si_pid == popen.pid
 
-    @staticmethod
-    def _signal(handle: Handle, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(handle.ref), sig)
+    def _signal(self, handle: Handle, sig: int) -> None:
+        entry = self._runs.get(handle.ref)
+        if entry is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry[1].pid, sig)
