@@ -180,9 +180,11 @@ def make_executor(name: str, **options) -> Executor:
 
 def strip_engine_env(env: Mapping[str, str]) -> dict[str, str]:
     """The job's environment without what the engine sets itself (CUDA_VISIBLE_DEVICES, and any
-    SLURM_* inherited from an agent that runs inside an allocation, which would confuse sbatch)."""
+    SLURM_* inherited from an agent that runs inside an allocation, which would confuse sbatch;
+    SLURM_CONF, which says which cluster to talk to, stays)."""
     return {k: v for k, v in env.items()
-            if k not in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL") and not k.startswith("SLURM_")}
+            if k not in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+            and (not k.startswith("SLURM_") or k == "SLURM_CONF")}
 
 
 def pid_alive(pid: int) -> bool:
