@@ -41,7 +41,9 @@ The environment the launcher sets (``agent.launcher``): ``CUDA_VISIBLE_DEVICES``
 ``THEMIS_JOB``, ``THEMIS_GPUS`` (GPU ids, comma-separated), ``THEMIS_PLACEMENT`` (JSON list of
 ``[rack, machine, slot]``), ``THEMIS_DEMAND``, ``THEMIS_CHECKPOINT``, ``THEMIS_METRICS_TOPIC``,
 ``THEMIS_PARAMS`` (JSON), ``THEMIS_START_ITERATION``, ``THEMIS_TARGET_ITERATION`` (empty: none),
-``THEMIS_LAUNCHER_PID`` (local executor), ``THEMIS_CUDA_DEVICES`` (other executors) and one of
+``THEMIS_LAUNCHER_PID`` (local executor), ``THEMIS_CUDA_DEVICES``, ``THEMIS_HEARTBEAT`` and
+``THEMIS_HEARTBEAT_TIMEOUT`` (other executors: the job leaves when the agent's heartbeat file is
+older than the timeout, since it cannot see the agent die otherwise) and one of
 ``THEMIS_METRICS_FD`` / ``THEMIS_METRICS_FILE`` / ``THEMIS_MQTT``.
 """
 
@@ -154,6 +156,8 @@ class Job:
         metrics_file: str | os.PathLike[str] | None = None,
         mqtt: str | None = None,
         launcher_pid: int | None = None,
+        heartbeat: str | os.PathLike[str] | None = None,
+        heartbeat_timeout_s: float = 60.0,
         handle_sigterm: bool = True,
     ) -> None:
         self.app, self.job_id = app, job_id
@@ -169,6 +173,9 @@ class Job:
         self._stop = threading.Event()
         self._last: tuple[float, float] | None = None  # (iteration, monotonic time) of the last step
         self._started = time.monotonic()
+        self._heartbeat = Path(heartbeat) if heartbeat else None
+        self._heartbeat_timeout = heartbeat_timeout_s
+        self._heartbeat_checked = 0.0
         if mqtt and metrics_fd is None and self._file is None and metrics_topic and placement:
             self._sink = _MqttSink(mqtt, f"themis-job-{app}-{job_id}-{os.getpid()}")
         self._handles_sigterm = False
@@ -213,6 +220,8 @@ class Job:
             metrics_file=env.get("THEMIS_METRICS_FILE") or None,
             mqtt=env.get("THEMIS_MQTT") or None,
             launcher_pid=int(pid) if pid else None,
+            heartbeat=env.get("THEMIS_HEARTBEAT") or None,
+            heartbeat_timeout_s=float(env.get("THEMIS_HEARTBEAT_TIMEOUT") or 60.0),
             handle_sigterm=handle_sigterm,
         )
 
@@ -230,10 +239,29 @@ class Job:
         return self._stop.is_set()
 
     def should_stop(self, iteration: float | None = None) -> bool:
-        """True when asked to stop, or when ``iteration`` reached the target iteration."""
-        if self._stop.is_set():
+        """True when asked to stop, when ``iteration`` reached the target iteration, or when the
+        agent's heartbeat is older than its timeout (a job on a cluster engine whose agent died)."""
+        if self._stop.is_set() or self._agent_gone():
             return True
         return iteration is not None and self.target_iteration is not None and iteration >= self.target_iteration
+
+    def _agent_gone(self) -> bool:
+        """Looks at the heartbeat file at most once a second."""
+        if self._heartbeat is None:
+            return False
+        now = time.monotonic()
+        if now - self._heartbeat_checked < 1.0:
+            return False
+        self._heartbeat_checked = now
+        try:
+            age = time.time() - self._heartbeat.stat().st_mtime
+        except FileNotFoundError:
+            age = math.inf
+        if age > self._heartbeat_timeout:
+            log.warning("the agent's heartbeat is %.0f s old: checkpointing and leaving", age)
+            self._stop.set()
+            return True
+        return False
 
     # -- reporting --------------------------------------------------------------------------------
 

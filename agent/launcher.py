@@ -195,6 +195,12 @@ class Launcher:
     ``executor`` runs the processes (:mod:`agent.executors`: ``"local"``, the default, or
     ``"slurm"``, or an instance); jobs that are not children of the agent report by ``"file"`` (on
     storage the job's machine shares with the agent) or ``"mqtt"``, not by ``"pipe"``.
+
+    Such jobs cannot see the agent die (no pipe, no parent death signal), so the launcher touches a
+    heartbeat file (``<workdir>/.heartbeat``) on every :meth:`poll`, at most once a second, and
+    ``agent.job`` checkpoints and exits once it is ``heartbeat_timeout_s`` old: a job never keeps
+    GPUs for an agent that is gone. :meth:`cancel_leftovers` ends jobs an earlier agent of the same
+    app left in the engine.
     """
 
     def __init__(
@@ -214,12 +220,17 @@ class Launcher:
         on_metrics: Callable[[str, dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.time,
         executor: Executor | str | None = None,
+        heartbeat_timeout_s: float = 60.0,
     ) -> None:
         from arbiter.events import check_segment
 
         check_segment("app", app)
         check_segment("cluster", cluster)
         self.executor: Executor = make_executor(executor or "local") if not isinstance(executor, Executor) else executor
+        if not heartbeat_timeout_s > 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s!r}")
+        self.heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self._beat_at = -1e9
         if report not in REPORT_CHANNELS:
             raise ValueError(f"report must be one of {', '.join(REPORT_CHANNELS)}, got {report!r}")
         if report == "mqtt" and not mqtt:
@@ -255,6 +266,29 @@ class Launcher:
     def log_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "output.log"
 
+    @property
+    def heartbeat_path(self) -> Path:
+        return self.workdir / ".heartbeat"
+
+    def beat(self, force: bool = False) -> None:
+        """Touch the heartbeat file (jobs run by an engine watch it; see the class docstring)."""
+        now = time.monotonic()
+        if self.executor.local or (not force and now - self._beat_at < 1.0):
+            return
+        self._beat_at = now
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat_path.touch()
+        os.utime(self.heartbeat_path)
+
+    def cancel_leftovers(self) -> list[str]:
+        """End the jobs an earlier agent of this app left running in the engine (they checkpoint
+        first where the engine allows; see the executor). Returns their engine ids."""
+        found = self.executor.cancel_leftovers(self.app)
+        if found:
+            log.warning("%s: ended %d job(s) an earlier agent left in %s: %s", self.app, len(found),
+                        self.executor.name, ", ".join(found))
+        return found
+
     def metrics_path(self, job_id: str, attempt: int) -> Path:
         """Where start number ``attempt`` of a job appends its reports (``report="file"``)."""
         return self.job_dir(job_id) / f"metrics.{attempt}.jsonl"
@@ -283,6 +317,9 @@ class Launcher:
         })
         if self.executor.local:
             env["THEMIS_LAUNCHER_PID"] = str(os.getpid())
+        else:
+            env["THEMIS_HEARTBEAT"] = str(self.heartbeat_path)
+            env["THEMIS_HEARTBEAT_TIMEOUT"] = f"{self.heartbeat_timeout_s:g}"
         if self.report == "mqtt":
             env["THEMIS_MQTT"] = str(self.mqtt)
         return env
@@ -315,6 +352,7 @@ class Launcher:
             env["THEMIS_CUDA_DEVICES"] = ",".join(str(i) for i in parts[0][1])
         folder = self.job_dir(job)
         folder.mkdir(parents=True, exist_ok=True)
+        self.beat(force=True)
         resumed = self.checkpoint_path(job).exists()
         attempt = self.starts[job] + 1
         read_fd = write_fd = None
@@ -394,6 +432,8 @@ class Launcher:
         reports). Never blocks for long."""
         out = Polled()
         now = time.monotonic()
+        if self._runs:
+            self.beat()
         for run in list(self._runs.values()):
             self._drain(run, out)
             if run.stop_deadline is not None and not run.signalled and now >= run.stop_deadline:

@@ -237,6 +237,7 @@ class AppRunner:
             self.adapter.start_time = self.clock()
         self.started_at = self.clock()
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.launcher.cancel_leftovers()  # an earlier agent's jobs would hold GPUs the arbiter re-leases
         client_task = asyncio.create_task(self.client.run(), name=f"themis-agent-{self.app}")
         follow = asyncio.create_task(self._follow()) if self.launcher.report == "mqtt" else None
         try:

@@ -4,6 +4,7 @@
                          [--policy themis] [--fairness-knob 0.8] [--lease 600] [--metrics-port 9464]
     themis-arbiter issue-token APP [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter status [--arbiter HOST:PORT] [--admin-token T]
+    themis-arbiter drain MACHINE [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter demo [--seconds 60]
     themis-arbiter cluster-from-slurm [--name NAME] [--gres-type g{index}] [--from FILE] > cluster.toml
 
@@ -97,6 +98,24 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Drain a machine: no new grants there; its leases run out (before maintenance, or when the
+    cluster engine reports the node down)."""
+    from agent.client import channel
+    from protos import themis_pb2 as pb
+    from protos import themis_pb2_grpc as pb_grpc
+
+    async def drain():
+        async with channel(args.arbiter) as ch:
+            stub = pb_grpc.ArbiterStub(ch)
+            return await stub.DrainMachine(pb.DrainMachineRequest(machine=args.machine),
+                                           metadata=[("authorization", f"Bearer {_admin_token(args)}")])
+
+    state = asyncio.run(drain())
+    print(json.dumps({"drained": list(state.drained_machines)}))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
@@ -182,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(func=cmd_serve)
     t = sub.add_parser("issue-token", help="issue a registration token for an app (admin)")
     t.add_argument("app")
-    for p in (t,):
+    dr = sub.add_parser("drain", help="give a machine no new grants; its leases run out (admin)")
+    dr.add_argument("machine")
+    dr.set_defaults(func=cmd_drain)
+    for p in (t, dr):
         p.add_argument("--arbiter", default=DEFAULT_TARGET)
         p.add_argument("--admin-token")
         p.add_argument("--db", default="themis-arbiter.db", help="find the admin token next to this journal")

@@ -377,3 +377,107 @@ def test_a_job_refuses_to_train_on_gpus_its_lease_does_not_name(tmp_path):
     done = subprocess.run([PY, "-c", "from agent.job import Job; Job.from_env()"], env=env, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode != 0 and "the lease gives GPU indices '1,3'" in done.stderr
+
+
+def test_the_operator_writes_the_cluster_file_from_slurm_and_drains_a_node_from_the_command_line(slurm, tmp_path):
+    import subprocess
+
+    from tests.service_kit import ADMIN
+
+    saved = tmp_path / "nodes.txt"
+    saved.write_text(slurm.run("scontrol", "--oneliner", "show", "nodes").stdout)
+    cli = [PY, "-m", "arbiter.cli"]
+    made = subprocess.run([*cli, "cluster-from-slurm", "--name", "prod", "--from", str(saved)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    path = tmp_path / "prod.toml"
+    path.write_text(made.stdout)
+    assert load_cluster(path).machines["n3"] == ("n3-g0", "n3-g1", "n3-g2", "n3-g3")
+
+    async def scenario():
+        async with arbiter(tmp_path, cluster=str(path)) as server:
+            for machine, code in (("n2", 0), ("n9", 1)):
+                proc = await asyncio.create_subprocess_exec(
+                    *cli, "drain", machine, "--arbiter", target(server), "--admin-token", ADMIN, cwd=ROOT,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                out, err = await proc.communicate()
+                assert proc.returncode == code, err.decode()
+            assert server.service.engine.drained == {"n2"}
+            assert "n9" in err.decode()  # the refusal names the unknown machine
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_slurm_job_whose_agent_is_gone_checkpoints_and_frees_its_gpus(slurm, tmp_path):
+    """An engine's jobs are not the agent's children: they watch its heartbeat file instead, and a
+    new agent of the app ends whatever an earlier one left in the queue."""
+    backend = Backend("slurm", tmp_path, slurm)
+
+    async def scenario():
+        launcher = Launcher("orphan", [PY, str(backend.script), "100000", "0.05"], tmp_path / "orphan",
+                            report="file", env=backend.env(), executor=backend.executor(), heartbeat_timeout_s=3)
+        launcher.start(trial("t1"), ["n1-g2"], place("n1-g2"))
+        await wait_for(lambda: launcher.poll().metrics, 30)
+        began = time.monotonic()  # the agent "dies": nobody polls, the heartbeat goes stale
+        ref = launcher.run_of("t1").handle.ref
+        await wait_for(lambda: slurm.job_state(int(ref)) in ("COMPLETED", "FAILED", "CANCELLED"), 30, 0.2)
+        assert slurm.job_state(int(ref)) == "COMPLETED" and time.monotonic() - began >= 3
+        assert (tmp_path / "orphan" / "t1" / "checkpoint.pkl").exists()  # it saved before leaving
+
+        # a leftover that is still running when a new agent of the app starts is cancelled by it
+        first = Launcher("orphan", [PY, str(backend.script), "100000", "0.05"], tmp_path / "orphan",
+                         report="file", env=backend.env(), executor=backend.executor())
+        first.start(trial("t2"), ["n1-g2"], place("n1-g2"))
+        await wait_for(lambda: first.poll().metrics, 30)
+        left = first.run_of("t2").handle.ref
+        second = backend.launcher("orphan")
+        assert second.cancel_leftovers() == [left]
+        assert backend.launcher("someone-else").cancel_leftovers() == []
+        await wait_for(lambda: slurm.job_state(int(left)) in ("COMPLETED", "FAILED", "CANCELLED"), 30, 0.2)
+        first.executor.release(first.run_of("t2").handle)
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+def test_a_controller_hiccup_never_declares_a_running_slurm_job_dead(slurm, tmp_path):
+    """squeue failing (controller unreachable) keeps the last known states; a job Slurm no longer
+    knows at all is reported ended (-1, vanished) rather than kept forever."""
+    backend = Backend("slurm", tmp_path, slurm)
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    for name in ("squeue", "sacct", "scontrol"):
+        (broken / name).write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\n"
+                                   "exit 1\n")
+        (broken / name).chmod(0o755)
+
+    async def scenario():
+        launcher = backend.launcher("a", "100000", "0.05")
+        run = launcher.start(trial("t1"), ["n3-g2"], place("n3-g2"))
+        await wait_for(lambda: launcher.poll().metrics and run.state == "running", 30)
+        executor = launcher.executor
+        executor.bin_dir = str(broken)  # the controller "goes away"
+        for _ in range(5):
+            await asyncio.sleep(0.25)
+            assert not launcher.poll().exited and run.state == "running"
+        executor.bin_dir = None
+        launcher.stop("t1", grace=10)
+        (ended,) = (await settle(launcher, "t1")).exited
+        assert ended.clean and ended.detail == "COMPLETED"
+
+        # a job id Slurm never heard of: squeue says "Invalid job id", sacct has no accounting
+        ghost = executor.launch(launcher_command(tmp_path), "n3", [0], tmp_path / "ck", backend.env())
+        slurm.run("scancel", ghost.ref)
+        executor._jobs["999999"] = executor._jobs.pop(ghost.ref)
+        executor._jobs["999999"].handle = ghost  # tracked under an id Slurm does not know
+        executor._states["999999"] = executor._states.pop(ghost.ref)
+        executor._last_poll = -1e9
+        (status,) = [s for s in executor.poll() if s.handle is ghost]
+        assert status.exited and status.returncode == -1 and status.detail == "vanished"
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def launcher_command(tmp_path: Path):
+    from agent.executors import JobCommand
+
+    return JobCommand("a", "ghost", ("/bin/sleep", "60"), tmp_path / "ghost.log")

@@ -140,6 +140,11 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Kill whatever is still running (used at interpreter exit and by tests)."""
 
+    def cancel_leftovers(self, app: str) -> list[str]:
+        """End jobs of ``app`` that an earlier agent left running and this executor does not know
+        (an engine's jobs outlive the agent); their ids. Local jobs die with their agent: none."""
+        return []
+
     @staticmethod
     def cuda_visible_devices(gpu_indices: Sequence[int]) -> str:
         return ",".join(str(int(i)) for i in gpu_indices)

@@ -90,6 +90,20 @@ def resource_pattern(resource_name: str) -> str:
         re.escape("{index}"), r"(?P<index>\d+)", 1) + "$"
 
 
+# Run by the supervisor's Python between fork and the job's exec: SIGKILL when the supervisor dies,
+# unless it is gone already; then become the job (exit 127 as a shell would when that fails).
+_SHIM = """import ctypes, os, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, 9)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(137)
+try:
+    os.execv(sys.argv[2], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write(f"cannot start {sys.argv[3]!r}: {exc}\\n")
+    os._exit(127)
+"""
+
+
 def _supervisor_class():
     """The supervisor actor's class. Defined in a function so that Ray ships it by value: the nodes
     need Ray and the standard library, not this project."""
@@ -145,7 +159,10 @@ def _supervisor_class():
 
         def start(self, argv: list[str], env: dict, cwd: str | None, log_path: str) -> dict:
             import os
+            import shutil
             import subprocess
+            import sys
+            import threading
 
             missing = [n for n in self.resource_names if self.assigned and n not in self.assigned]
             if missing:
@@ -157,14 +174,28 @@ def _supervisor_class():
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.indices)
             if self.node:
                 env["THEMIS_NODE"] = self.node
+            program = argv[0]
+            if "/" in program:
+                resolved = os.path.join(cwd, program) if cwd and not os.path.isabs(program) else program
+                resolved = resolved if os.access(resolved, os.X_OK) and os.path.isfile(resolved) else None
+            else:
+                resolved = shutil.which(program, path=env.get("PATH", os.defpath))
+            if resolved is None:
+                return {"error": f"cannot start {program!r}: no such executable", "detail": "cannot start"}
+            # The job's main process dies with the supervisor (PR_SET_PDEATHSIG), so an agent or a
+            # supervisor that dies cannot leave a job on GPUs Ray has handed out again. The signal
+            # follows the *thread* that forks: only done from the worker's main thread, which lives
+            # as long as the supervisor.
+            pdeathsig = threading.current_thread() is threading.main_thread() and sys.platform.startswith("linux")
+            command = [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), resolved, *argv] if pdeathsig else list(argv)
             try:
                 os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
                 with open(log_path, "ab") as out:
-                    self.popen = subprocess.Popen(list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                    self.popen = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                                                   stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
             except OSError as exc:
-                return {"error": f"cannot start {argv[0]!r}: {exc}", "detail": "cannot start"}
-            return {"pid": self.popen.pid, "node": self.node}
+                return {"error": f"cannot start {program!r}: {exc}", "detail": "cannot start"}
+            return {"pid": self.popen.pid, "node": self.node, "pdeathsig": pdeathsig}
 
         def _killpg(self, sig: int) -> None:
             import os
@@ -233,6 +264,9 @@ def _supervisor_class():
     return ThemisSupervisor
 
 
+_SUPERVISOR = None  # the supervisor's Ray actor class, made on first use
+
+
 @dataclass
 class _Run:
     tracked: _Tracked
@@ -276,7 +310,10 @@ class RayExecutor(Executor):
                 ray.init(address=address, **options)
             except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ...
                 raise LaunchError(f"cannot join the Ray cluster at {address or 'default address'}: {exc}") from exc
-        self._supervisor = ray.remote(_supervisor_class())
+        global _SUPERVISOR
+        if _SUPERVISOR is None:  # one actor class per process: Ray exports it once
+            _SUPERVISOR = ray.remote(_supervisor_class())
+        self._supervisor = _SUPERVISOR
         self._runs: dict[str, _Run] = {}
 
     def gpu_resource(self, machine: str, index: int) -> str:
@@ -438,7 +475,8 @@ class RayExecutor(Executor):
                 return
             run.phase = "running"
             node = started.get("node") or handle.machine
-            run.status = Status(handle, "running", detail=f"running on {node} (pid {started['pid']})")
+            tied = ", dies with its supervisor" if started.get("pdeathsig") else ""
+            run.status = Status(handle, "running", detail=f"running on {node} (pid {started['pid']}{tied})")
             if run.tracked.killed:  # killed while starting: kill() queued after start(); look soon
                 run.last_ask = -1e9
         if run.phase == "running":

@@ -120,15 +120,19 @@ class SlurmExecutor(Executor):
         env.update(self.slurm_env)
         return env
 
-    def run(self, name: str, *args: str, env: Mapping[str, str] | None = None, check: bool = True) -> str:
-        """Run a Slurm command and return its stdout; LaunchError with its stderr when it fails."""
+    def call(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run a Slurm command; LaunchError only if it cannot run at all (missing, timed out)."""
         self.commands += 1
-        argv = [self._cmd(name), *args]
         try:
-            done = subprocess.run(argv, env=self._env(env), capture_output=True, text=True,
+            return subprocess.run([self._cmd(name), *args], env=self._env(env), capture_output=True, text=True,
                                   timeout=self.command_timeout_s, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LaunchError(f"{name}: {exc}") from exc
+
+    def run(self, name: str, *args: str, env: Mapping[str, str] | None = None, check: bool = True) -> str:
+        """Run a Slurm command and return its stdout; LaunchError with its stderr when it fails."""
+        done = self.call(name, *args, env=env)
+        argv = [self._cmd(name), *args]
         if check and done.returncode != 0:
             raise LaunchError(f"{shlex.join(argv[:1] + list(args[:12]))} failed ({done.returncode}): "
                               f"{done.stderr.strip() or done.stdout.strip()}")
@@ -242,10 +246,14 @@ class SlurmExecutor(Executor):
         if not live:
             return
         try:
-            out = self.run("squeue", "--noheader", "--states=all", f"--jobs={','.join(live)}", "--format=%i|%T|%r",
-                           check=False)
+            done = self.call("squeue", "--noheader", "--states=all", f"--jobs={','.join(live)}", "--format=%i|%T|%r")
         except LaunchError as exc:
             log.warning("squeue failed, keeping the last known states: %s", exc)
+            return
+        out = done.stdout
+        if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
+            # the controller is unreachable or busy: say nothing rather than declare jobs dead
+            log.warning("squeue failed (%d), keeping the last known states: %s", done.returncode, done.stderr.strip())
             return
         seen: dict[str, str] = {}
         for line in out.splitlines():
@@ -256,8 +264,6 @@ class SlurmExecutor(Executor):
             state = fields[1].split()[0].rstrip("+")
             if ref in self._jobs and (ref not in seen or state not in FINAL):
                 seen[ref] = state
-        if not seen and live and "error" in out.lower():
-            return
         for ref in live:
             tracked = self._jobs[ref]
             state = seen.get(ref)
@@ -292,6 +298,26 @@ class SlurmExecutor(Executor):
             if len(fields) == 3 and fields[0] == ref:
                 return fields[1].split()[0], fields[2]
         return "vanished", ""
+
+    def cancel_leftovers(self, app: str) -> list[str]:
+        """Jobs named ``themis:<app>:*`` in Slurm's queue that this executor did not submit: a
+        plain ``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait, so they can checkpoint)."""
+        prefix = _SAFE_NAME.sub("_", f"themis:{app}:")
+        try:
+            out = self.run("squeue", "--noheader", "--format=%i|%j|%T")
+        except LaunchError as exc:
+            log.warning("cannot look for leftover jobs: %s", exc)
+            return []
+        found = []
+        for line in out.splitlines():
+            ref, _, rest = line.strip().partition("|")
+            name, _, state = rest.rpartition("|")
+            ref = ref.split("+")[0].split("_")[0]
+            if name.startswith(prefix) and ref not in self._jobs and state not in FINAL and ref not in found:
+                found.append(ref)
+        if found:
+            self._cancel(*found)
+        return found
 
     def release(self, handle: Handle) -> None:
         self._jobs.pop(handle.ref, None)
