@@ -333,7 +333,7 @@ class Launcher:
         if not isinstance(job, str) or not _JOB_ID.match(job) or job in (".", ".."):
             raise ValueError(f"job id {job!r} must be 1-128 characters of A-Z a-z 0-9 . _ -")
         if job in self._runs:
-            raise RuntimeError(f"job {job} is already running (pid {self._runs[job].pid})")
+            raise RuntimeError(f"job {job} is already running ({self.executor.name} {self._runs[job].handle.ref})")
         gpus = tuple(gpus)
         if not gpus:
             raise ValueError(f"job {job}: no GPUs to start on")

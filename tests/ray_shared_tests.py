@@ -71,14 +71,16 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="thr", dir="/tmp")  # short: Ray puts Unix sockets under it
+    (Path(temp) / "ray").mkdir()
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp  # all of Ray's files (sessions, ray_current_cluster) in here, not /tmp/ray
     began = time.monotonic()
     cluster = Cluster()
     try:
         for node in NODES:
             cluster.add_node(num_cpus=1, resources={f"{node}_gpu{i}": 1 for i in range(GPUS_PER_NODE)},
                              labels={"themis/machine": node}, object_store_memory=80 * 1024 * 1024,
-                             include_dashboard=False,
-                             **({"temp_dir": temp} if cluster.head_node is None else {}))
+                             include_dashboard=False)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         record("cluster_start_s", round(time.monotonic() - began, 2))
@@ -86,6 +88,10 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -96,8 +102,8 @@ class RayBackend(shared.Backend):
     def __init__(self, tmp_path: Path, cluster):
         super().__init__("ray", tmp_path)
         self.cluster = cluster
-        script, count = re.subn(r'(?m)^node = .*$', f'node = os.environ.get("SLURMD_NODENAME") or os.environ["{NODE_ENV}"]',
-                                shared.JOB)
+        strict = f'node = os.environ.get("SLURMD_NODENAME") or os.environ["{NODE_ENV}"]'
+        script, count = re.subn(r"(?m)^node = .*$", strict, shared.JOB)
         assert count == 1, "the shared job script no longer has one `node = ...` line"
         self.script.write_text(script)
 
@@ -215,3 +221,33 @@ def test_close_kills_running_and_waiting_jobs_and_frees_their_gpus(ray_cluster, 
         assert wait_state(again, handle, "exited").returncode == 0
     finally:
         again.close()
+
+
+def test_a_supervisor_that_dies_takes_its_job_with_it_and_is_reported(ray_cluster, tmp_path):
+    import ray
+
+    from agent.executors.base import pid_alive
+
+    executor = RayExecutor(ray_cluster.address, poll_interval_s=0.05, machine_label="")  # node from resource names
+    pidfile = tmp_path / "pid"
+    code = (f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()) + ' ' + os.environ['{NODE_ENV}'])\n"
+            "time.sleep(60)\n")
+    try:
+        handle = executor.launch(job_command(tmp_path, "doomed", PY, "-c", code), "n3", [3], tmp_path / "c", {})
+        running = wait_state(executor, handle, "running")
+        assert running.detail.startswith("running on n3") and "dies with its supervisor" in running.detail
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or " " not in pidfile.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        pid, node = pidfile.read_text().split()
+        assert node == "n3" and pid_alive(int(pid))
+        ray.kill(executor._runs[handle.ref].actor, no_restart=True)  # as if its node or worker failed
+        ended = wait_state(executor, handle, "exited")
+        assert ended.returncode == -1 and ended.detail.startswith("supervisor died")
+        deadline = time.monotonic() + 10
+        while pid_alive(int(pid)):  # Ray kills a dead worker's children; PR_SET_PDEATHSIG besides
+            assert time.monotonic() < deadline, "the job outlived its supervisor"
+            time.sleep(0.05)
+    finally:
+        executor.close()

@@ -45,7 +45,7 @@ JOB = textwrap.dedent("""
     from agent.job import Job
     job = Job.from_env()
     ledger = os.environ["LEDGER"]
-    node = os.environ.get("SLURMD_NODENAME") or job.placement[0][1]
+    node = os.environ.get("SLURMD_NODENAME") or os.environ.get("THEMIS_NODE") or job.placement[0][1]
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     locks = []
     for i in cvd.split(","):

@@ -49,8 +49,8 @@ def test_the_ray_executor_passes_the_shared_executor_tests_in_a_loopback_only_na
     try:
         ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
         began = time.monotonic()
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                 "tests/ray_shared_tests.py"],
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "pytest", "-q", "-p",
+                                 "no:cacheprovider", "tests/ray_shared_tests.py"],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         try:

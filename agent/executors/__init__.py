@@ -2,7 +2,8 @@
 
 from agent.executors.base import EXECUTORS, Executor, Handle, JobCommand, LaunchError, Status, make_executor, register
 from agent.executors.local import LocalExecutor
+from agent.executors.ray import RayExecutor
 from agent.executors.slurm import SlurmExecutor
 
-__all__ = ["EXECUTORS", "Executor", "Handle", "JobCommand", "LaunchError", "LocalExecutor", "SlurmExecutor", "Status", "make_executor",
+__all__ = ["EXECUTORS", "Executor", "Handle", "JobCommand", "LaunchError", "LocalExecutor", "RayExecutor", "SlurmExecutor", "Status", "make_executor",
            "register"]

@@ -34,9 +34,11 @@ killed, the exit code is reported, and the executor kills the supervisor, which 
 
 Watching: :meth:`poll` never blocks. Every pending request to a supervisor is an ``ObjectRef``
 looked at with ``ray.wait(timeout=0)``; a running job's supervisor is asked for its state at most
-every ``poll_interval_s``. A supervisor that dies (its node fails, someone ``ray.kill`` s it) is
-reported as exited with code -1 and detail ``supervisor died``; its job's process group may then
-be left on that node (Ray kills the supervisor's worker with SIGKILL).
+every ``poll_interval_s``. A supervisor that dies (its node fails, someone ``ray.kill`` s it, the
+agent that owns it exits) is reported as exited with code -1 and detail ``supervisor died...``;
+its job goes with it: Ray kills a dead worker's child processes, and the job's main process is
+started through a two-line shim that sets ``PR_SET_PDEATHSIG`` (SIGKILL when the supervisor dies)
+before it execs the command. Processes the job forked into other sessions are not covered.
 
 Jobs spanning machines (``more``) are refused with :class:`LaunchError`: one supervisor holds the
 GPUs of one node, and this executor does not gang several into a placement group.
@@ -187,7 +189,9 @@ def _supervisor_class():
             # follows the *thread* that forks: only done from the worker's main thread, which lives
             # as long as the supervisor.
             pdeathsig = threading.current_thread() is threading.main_thread() and sys.platform.startswith("linux")
-            command = [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), resolved, *argv] if pdeathsig else list(argv)
+            command = list(argv)
+            if pdeathsig:
+                command = [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), resolved, *argv]
             try:
                 os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
                 with open(log_path, "ab") as out:
