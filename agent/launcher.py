@@ -194,7 +194,8 @@ class Launcher:
     report read from a pipe or a metrics file; ``bus`` republishes them on the job's metrics topic.
     ``executor`` runs the processes (:mod:`agent.executors`: ``"local"``, the default, or
     ``"slurm"``, or an instance); jobs that are not children of the agent report by ``"file"`` (on
-    storage the job's machine shares with the agent) or ``"mqtt"``, not by ``"pipe"``.
+    storage the job's machine shares with the agent) or ``"mqtt"``, not by ``"pipe"``; ``report``
+    defaults to ``"pipe"`` for local jobs and ``"file"`` for the others.
 
     Such jobs cannot see the agent die (no pipe, no parent death signal), so the launcher touches a
     heartbeat file (``<workdir>/.heartbeat``) on every :meth:`poll`, at most once a second, and
@@ -211,7 +212,7 @@ class Launcher:
         *,
         cluster: str = "local",
         mqtt: str | None = None,
-        report: str = "pipe",
+        report: str | None = None,
         bus: EventBus | None = None,
         grace_s: float = 10.0,
         env: Mapping[str, str] | None = None,
@@ -231,6 +232,7 @@ class Launcher:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s!r}")
         self.heartbeat_timeout_s = float(heartbeat_timeout_s)
         self._beat_at = -1e9
+        report = report or ("pipe" if self.executor.local else "file")
         if report not in REPORT_CHANNELS:
             raise ValueError(f"report must be one of {', '.join(REPORT_CHANNELS)}, got {report!r}")
         if report == "mqtt" and not mqtt:

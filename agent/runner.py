@@ -183,7 +183,7 @@ class AppRunner:
         credential_file: str | os.PathLike[str] | None = None,
         cluster: str = "local",
         mqtt: str | None = None,
-        report: str = "pipe",
+        report: str | None = None,
         profiler: Profiler | None = None,
         grace_s: float = 10.0,
         env: Mapping[str, str] | None = None,

@@ -226,7 +226,12 @@ def test_close_kills_running_and_waiting_jobs_and_frees_their_gpus(ray_cluster, 
 def test_a_supervisor_that_dies_takes_its_job_with_it_and_is_reported(ray_cluster, tmp_path):
     import ray
 
-    from agent.executors.base import pid_alive
+    def pid_alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
     executor = RayExecutor(ray_cluster.address, poll_interval_s=0.05, machine_label="")  # node from resource names
     pidfile = tmp_path / "pid"

@@ -25,7 +25,6 @@ outcome from :meth:`poll`.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -190,13 +189,3 @@ def strip_engine_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items()
             if k not in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
             and (not k.startswith("SLURM_") or k == "SLURM_CONF")}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

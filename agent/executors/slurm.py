@@ -304,7 +304,7 @@ class SlurmExecutor(Executor):
         plain ``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait, so they can checkpoint)."""
         prefix = _SAFE_NAME.sub("_", f"themis:{app}:")
         try:
-            out = self.run("squeue", "--noheader", "--format=%i|%j|%T")
+            out = self.run("squeue", "--me", "--noheader", "--format=%i|%j|%T")
         except LaunchError as exc:
             log.warning("cannot look for leftover jobs: %s", exc)
             return []
