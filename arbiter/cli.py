@@ -4,9 +4,10 @@
                          [--policy themis] [--fairness-knob 0.8] [--lease 600] [--metrics-port 9464]
     themis-arbiter issue-token APP [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter status [--arbiter HOST:PORT] [--admin-token T]
-    themis-arbiter drain MACHINE [--arbiter HOST:PORT] [--admin-token T]
+    themis-arbiter drain MACHINE [--resume] [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter demo [--seconds 60]
     themis-arbiter cluster-from-slurm [--name NAME] [--gres-type g{index}] [--from FILE] > cluster.toml
+    themis-arbiter slurm-sync [--arbiter HOST:PORT] [--admin-token T] [--from FILE]
 
 ``serve`` keeps its journal in ``--db`` (default ``themis-arbiter.db`` here) and, without an admin
 token given (``--admin-token`` or THEMIS_ADMIN_TOKEN), writes one to ``<db>.admin-token``. Logs are
@@ -108,11 +109,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
     async def drain():
         async with channel(args.arbiter) as ch:
             stub = pb_grpc.ArbiterStub(ch)
-            return await stub.DrainMachine(pb.DrainMachineRequest(machine=args.machine),
+            return await stub.DrainMachine(pb.DrainMachineRequest(machine=args.machine,
+                                                                  resume=getattr(args, "resume", False)),
                                            metadata=[("authorization", f"Bearer {_admin_token(args)}")])
 
     state = asyncio.run(drain())
-    print(json.dumps({"drained": list(state.drained_machines)}))
+    if args.command == "drain":
+        print(json.dumps({"drained": list(state.drained_machines)}))
     return 0
 
 
@@ -149,21 +152,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(seconds=args.seconds, mqtt=args.mqtt)
 
 
-def cmd_cluster_from_slurm(args: argparse.Namespace) -> int:
+def _scontrol_nodes(args: argparse.Namespace) -> str | None:
+    """``scontrol --oneliner show nodes`` (or the saved output ``--from``); None after an error."""
     import subprocess
 
+    if args.from_file:
+        return Path(args.from_file).read_text()
+    try:
+        return subprocess.run(["scontrol", "--oneliner", "show", "nodes"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        print(f"themis-arbiter: {args.command}: scontrol failed: {detail}", file=sys.stderr)
+        return None
+
+
+def cmd_slurm_sync(args: argparse.Namespace) -> int:
+    """Drain in the arbiter every machine Slurm reports drained, down or failing (run it from cron
+    or a Slurm ``SlurmctldParameters`` hook): leases there run out and nothing new is granted."""
+    import grpc
+
+    from arbiter.slurm_nodes import parse_nodes, unavailable
+
+    text = _scontrol_nodes(args)
+    if text is None:
+        return 1
+    drained = []
+    for machine in unavailable(parse_nodes(text)):
+        args.machine = machine
+        try:
+            cmd_drain(args)
+            drained.append(machine)
+        except grpc.aio.AioRpcError as exc:  # e.g. a node the arbiter's cluster file leaves out
+            print(f"themis-arbiter: slurm-sync: {machine}: {exc.details()}", file=sys.stderr)
+    print(json.dumps({"drained_now": drained}))
+    return 0
+
+
+def cmd_cluster_from_slurm(args: argparse.Namespace) -> int:
     from arbiter.slurm_nodes import cluster_toml, parse_nodes
 
-    if args.from_file:
-        text = Path(args.from_file).read_text()
-    else:
-        try:
-            text = subprocess.run(["scontrol", "--oneliner", "show", "nodes"], capture_output=True, text=True,
-                                  check=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            print(f"themis-arbiter: cluster-from-slurm: scontrol failed: {detail}", file=sys.stderr)
-            return 1
+    text = _scontrol_nodes(args)
+    if text is None:
+        return 1
     try:
         toml = cluster_toml(parse_nodes(text, args.gres_type), args.name)
     except ValueError as exc:
@@ -203,8 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("app")
     dr = sub.add_parser("drain", help="give a machine no new grants; its leases run out (admin)")
     dr.add_argument("machine")
+    dr.add_argument("--resume", action="store_true", help="put a drained machine back in service")
     dr.set_defaults(func=cmd_drain)
-    for p in (t, dr):
+    ss = sub.add_parser("slurm-sync", help="drain the machines Slurm reports drained, down or failing (admin)")
+    ss.add_argument("--from", dest="from_file", help="read saved `scontrol --oneliner show nodes` output instead")
+    ss.set_defaults(func=cmd_slurm_sync)
+    for p in (t, dr, ss):
         p.add_argument("--arbiter", default=DEFAULT_TARGET)
         p.add_argument("--admin-token")
         p.add_argument("--db", default="themis-arbiter.db", help="find the admin token next to this journal")

@@ -201,6 +201,12 @@ class RoundEngine:
             raise KeyError(f"unknown machine {machine!r}")
         self.drained.add(machine)
 
+    def resume(self, machine: str) -> None:
+        """Grants on a drained ``machine`` again (its free GPUs are offered from the next round)."""
+        if machine not in self.cluster.machines:
+            raise KeyError(f"unknown machine {machine!r}")
+        self.drained.discard(machine)
+
     # -- apps and N_avg (D5) -------------------------------------------------------------
 
     @property

@@ -674,11 +674,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     async def DrainMachine(self, request: pb.DrainMachineRequest, context) -> pb.ClusterState:
         await self._need_admin(context)
         try:
-            self.engine.drain(request.machine)
+            (self.engine.resume if request.resume else self.engine.drain)(request.machine)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         self.journal()
-        log.info("machine drained", extra={"fields": {"machine": request.machine}})
+        if request.resume:
+            self.kick()  # its free GPUs are worth a round
+        log.info("machine resumed" if request.resume else "machine drained",
+                 extra={"fields": {"machine": request.machine}})
         return self._cluster_state()
 
     async def RemoveApp(self, request: pb.RemoveAppRequest, context) -> pb.AppState:

@@ -15,7 +15,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["SlurmNode", "cluster_toml", "parse_nodes"]
+__all__ = ["SlurmNode", "cluster_toml", "parse_nodes", "unavailable"]
+
+#: Slurm node state words after which a node takes no new jobs (``DRAIN``, ``DRAINING``, ``DRAINED``,
+#: ``DOWN``, ``FAIL``, ``FAILING``, ``NOT_RESPONDING`` shown as ``*``, ``MAINT``, ``REBOOT``, ...).
+_UNAVAILABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "INVAL", "NOT_RESPONDING")
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
@@ -54,6 +58,11 @@ def parse_nodes(text: str, gres_type: str = "g{index}") -> list[SlurmNode]:
             problem = f"GPU index repeated in {fields.get('Gres')!r}"
         nodes.append(SlurmNode(name, tuple(sorted(indices)), fields.get("State", "?"), problem))
     return nodes
+
+
+def unavailable(nodes: Iterable[SlurmNode]) -> list[str]:
+    """Nodes Slurm would not start new jobs on: the arbiter should not grant their GPUs either."""
+    return [n.name for n in nodes if any(word in n.state.upper() for word in _UNAVAILABLE) or n.state.endswith("*")]
 
 
 def gres_request_hint(gres_type: str) -> str:

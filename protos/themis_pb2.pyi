@@ -426,10 +426,12 @@ class AddMachineRequest(_message.Message):
     def __init__(self, rack: _Optional[str] = ..., machine: _Optional[str] = ..., gpus: _Optional[int] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class DrainMachineRequest(_message.Message):
-    __slots__ = ("machine",)
+    __slots__ = ("machine", "resume")
     MACHINE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     machine: str
-    def __init__(self, machine: _Optional[str] = ...) -> None: ...
+    resume: bool
+    def __init__(self, machine: _Optional[str] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class RemoveAppRequest(_message.Message):
     __slots__ = ("app",)

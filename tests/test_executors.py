@@ -358,6 +358,15 @@ def test_nodes_without_per_index_gpu_types_are_left_out_with_the_reason():
         cluster_toml(nodes[1:], "x")
 
 
+def test_nodes_slurm_will_not_run_jobs_on_are_the_ones_to_drain():
+    from arbiter.slurm_nodes import unavailable
+
+    states = {"a": "IDLE", "b": "MIXED", "c": "IDLE+DRAIN", "d": "DOWN*", "e": "ALLOCATED+DRAIN", "f": "IDLE*",
+              "g": "ALLOCATED", "h": "FAIL"}
+    text = "".join(f"NodeName={n} Gres=gpu:g0:1 State={st}\n" for n, st in states.items())
+    assert unavailable(parse_nodes(text)) == ["c", "d", "e", "f", "h"]
+
+
 def test_a_bad_launch_is_refused_with_what_slurm_said(slurm, tmp_path):
     launcher = Launcher("a", [PY, "-c", "pass"], tmp_path / "a", report="file", env={"PYTHONPATH": str(ROOT)},
                         executor=SlurmExecutor(slurm_env=slurm.env))
@@ -404,6 +413,19 @@ def test_the_operator_writes_the_cluster_file_from_slurm_and_drains_a_node_from_
                 assert proc.returncode == code, err.decode()
             assert server.service.engine.drained == {"n2"}
             assert "n9" in err.decode()  # the refusal names the unknown machine
+
+            # Slurm drains n3: slurm-sync drains it in the arbiter too
+            slurm.run("scontrol", "update", "nodename=n3", "state=drain", "reason=themis-test")
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *cli, "slurm-sync", "--arbiter", target(server), "--admin-token", ADMIN, cwd=ROOT,
+                    env={**os.environ, **slurm.env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                out, err = await proc.communicate()
+            finally:
+                slurm.run("scontrol", "update", "nodename=n3", "state=resume")
+            assert proc.returncode == 0, err.decode()
+            assert json.loads(out.decode()) == {"drained_now": ["n3"]}
+            assert server.service.engine.drained == {"n2", "n3"}
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
 

@@ -216,6 +216,10 @@ def test_admin_can_change_settings_add_and_drain_machines(tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.DrainMachine(pb.DrainMachineRequest(machine="nowhere"), metadata=meta)
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            state = await stub.DrainMachine(pb.DrainMachineRequest(machine="r0-m0", resume=True), metadata=meta)
+            assert not list(state.drained_machines)
+            await wait_for(lambda: len(a.held) == 8)  # r0-m0's GPUs are offered again, at once
+            assert sum(g.startswith("r0-m0-") for g in a.held) == 2
             a.stop()
             await task
             await ch.close()
