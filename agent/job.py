@@ -92,6 +92,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _indices(text: str) -> list[int] | str:
+    """``"3,1"`` -> [1, 3]; anything else (a UUID list) compared as given."""
+    try:
+        return sorted(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        return text
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -196,10 +204,13 @@ class Job:
         """The job the launcher started (``os.environ``), or a standalone one when run by hand."""
         env = os.environ if environ is None else environ
         expected = env.get("THEMIS_CUDA_DEVICES")
-        if expected is not None and env.get("CUDA_VISIBLE_DEVICES") != expected:
-            raise GpuMismatch(f"job {env.get('THEMIS_JOB', '?')}: the lease gives GPU indices {expected!r} but the "
-                              f"engine set CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}; check the "
-                              "GRES mapping (docs/executors.md)")
+        if expected is not None:
+            # Slurm's own record of the indices first: with ConstrainDevices=yes the job's CUDA
+            # numbering starts at 0 whatever the node's indices are
+            given = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+            if _indices(given) != _indices(expected):
+                raise GpuMismatch(f"job {env.get('THEMIS_JOB', '?')}: the lease gives GPU indices {expected!r} but "
+                                  f"the engine gave {given!r}; check the GRES mapping (docs/executors.md)")
         placement = tuple(tuple(p) for p in json.loads(env.get("THEMIS_PLACEMENT") or "[]"))
         target = env.get("THEMIS_TARGET_ITERATION", "")
         fd = env.get("THEMIS_METRICS_FD", "")
@@ -257,6 +268,9 @@ class Job:
             age = time.time() - self._heartbeat.stat().st_mtime
         except FileNotFoundError:
             age = math.inf
+        except OSError as exc:  # shared storage hiccup (ESTALE, EIO): no news is not bad news
+            log.debug("cannot read the heartbeat: %s", exc)
+            return False
         if age > self._heartbeat_timeout:
             log.warning("the agent's heartbeat is %.0f s old: checkpointing and leaving", age)
             self._stop.set()

@@ -24,18 +24,25 @@ also republishes every report on the job's metrics topic (so dashboards and remo
 them), but the scheduling path never depends on the broker. A job's stdout and stderr go to
 ``<workdir>/<job>/output.log`` (appended across restarts): a chatty job cannot block on a full pipe.
 
-Stopping. :meth:`Launcher.stop` sends SIGTERM to the job's process group and arms a deadline
-(``grace``); :meth:`Launcher.poll` sends SIGKILL to the group once it passes. ``agent.job`` turns
-the SIGTERM into ``step() -> True``, the script checkpoints and exits 0. Every job is the leader of
-its own session and process group (``start_new_session``), so a stop or a kill reaches whatever it
-forked; when a job's main process ends, the launcher kills what is left of its group before reaping
-it (the group id cannot be reused while the leader is a zombie). :meth:`Launcher.shutdown` stops all
+Where jobs run is the executor's business (:mod:`agent.executors`; issue 6): ``local``
+subprocesses, as described below, by default; Slurm jobs or Ray supervisors otherwise, with the
+differences each backend's module describes (no pipe: reports by metrics file or MQTT; a heartbeat
+file instead of the parent-death signal).
+
+Stopping. :meth:`Launcher.stop` has the executor send SIGTERM to the job's process group and arm a
+deadline (``grace``); the executor sends SIGKILL once it passes (checked on :meth:`Launcher.poll`).
+``agent.job`` turns the SIGTERM into ``step() -> True``, the script checkpoints and exits 0. Every
+local job is the leader of its own session and process group (``start_new_session``), so a stop or
+a kill reaches whatever it forked; when a job's main process ends, the executor kills what is left
+of its group before reaping it (the group id cannot be reused while the leader is a zombie). :meth:`Launcher.shutdown` stops all
 jobs gracefully, then kills; an ``atexit`` hook kills the groups of every launcher still holding
 some, and ``agent.job`` asks the kernel for SIGTERM when the launcher's process dies
 (``PR_SET_PDEATHSIG``), so no job outlives its agent.
 
-Everything here is synchronous and non-blocking (``poll`` is meant to be called every ~0.1 s from
-the runner's loop); :meth:`Launcher.wait` and :meth:`Launcher.shutdown` are the async conveniences.
+Everything here is synchronous (``poll`` is meant to be called every ~0.1 s from the runner's
+loop) and non-blocking for local jobs; an engine's executor runs its commands (``sbatch``,
+``squeue``: ~10-50 ms each, at most every ``poll_interval_s`` for ``squeue``) in the caller's thread.
+:meth:`Launcher.wait` and :meth:`Launcher.shutdown` are the async conveniences.
 """
 
 from __future__ import annotations
@@ -84,8 +91,8 @@ def gpu_index(gpu: str) -> str:
 
 def _by_machine(gpus: Sequence[str], placement: Sequence[Position], cuda_index: Callable[[str], str],
                 job: str) -> list[tuple[str, tuple[int, ...]]]:
-    """The job's GPUs as (machine, local indices) pairs, the machine holding most of them first
-    (where a single-process job runs); ties keep the lease's order."""
+    """The job's GPUs as (machine, ascending local indices) pairs, the machine holding most of them
+    first (where a single-process job runs); ties keep the lease's order."""
     groups: dict[str, list[int]] = {}
     for gpu, position in zip(gpus, placement):
         try:
@@ -97,7 +104,7 @@ def _by_machine(gpus: Sequence[str], placement: Sequence[Position], cuda_index: 
         if len(set(indices)) != len(indices):
             raise ValueError(f"job {job}: GPU index repeated on machine {machine}: {indices}")
     order = sorted(groups, key=lambda m: -len(groups[m]))  # stable: ties keep the lease's order
-    return [(m, tuple(groups[m])) for m in order]
+    return [(m, tuple(sorted(groups[m]))) for m in order]  # ascending, as engines list them
 
 
 def _position_of(gpu: str) -> Position:
@@ -279,8 +286,7 @@ class Launcher:
             return
         self._beat_at = now
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.heartbeat_path.touch()
-        os.utime(self.heartbeat_path)
+        self.heartbeat_path.touch()  # sets the mtime of an existing file too
 
     def cancel_leftovers(self) -> list[str]:
         """End the jobs an earlier agent of this app left running in the engine (they checkpoint

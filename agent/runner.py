@@ -24,7 +24,8 @@ grant, revocation or report arrives:
 A job that fails (non-zero exit it was not asked for, or a clean exit without progress) is restarted
 from its checkpoint up to ``max_failures`` times, then given up: ``adapter.fail(job)`` when the
 adapter has it (Optuna), else it is reported at its target iteration with an infinite loss, so a
-rung never waits for it.
+rung never waits for it. A launch the executor could not make (``LaunchError``: sbatch refused, the
+controller is down) is not the job's failure: it is tried again with a growing pause (up to 30 s).
 
 The runner records what a summary needs: the rho the agent reported in each round it was asked
 (``rho``) and, every ``rho_every_s``, rho with the GPUs it holds then (``rho_now``; null in the
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.agent import Agent
 from agent.client import AgentClient, HeldGpu, issue_token, register
+from agent.executors import LaunchError
 from agent.fairness import finish_time_fairness
 from agent.launcher import JobExit, Launcher
 from agent.placement import Position, slowdown_of
@@ -123,6 +125,7 @@ class AppRunner:
         self.reports: list[JobReport] = []
         self.events: list[dict[str, Any]] = []  # grants, revocations, starts, stops, exits, releases, done
         self.failures: Counter[str] = Counter()
+        self._launch_errors: Counter[str] = Counter()  # consecutive LaunchErrors (engine down): backoff
         self.failed: set[str] = set()
         self.rejected = 0  # reports that were not usable
         self.started_at: float | None = None
@@ -237,7 +240,8 @@ class AppRunner:
             self.adapter.start_time = self.clock()
         self.started_at = self.clock()
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.launcher.cancel_leftovers()  # an earlier agent's jobs would hold GPUs the arbiter re-leases
+        # an earlier agent's jobs would hold GPUs the arbiter re-leases (waits for them to checkpoint)
+        await asyncio.to_thread(self.launcher.cancel_leftovers)
         client_task = asyncio.create_task(self.client.run(), name=f"themis-agent-{self.app}")
         follow = asyncio.create_task(self._follow()) if self.launcher.report == "mqtt" else None
         try:
@@ -358,10 +362,17 @@ class AppRunner:
                 continue
             try:
                 run = self.launcher.start(spec, gpus, [held[g] for g in gpus])
+            except LaunchError as exc:  # the engine's trouble, not the job's: try again later, uncounted
+                self._launch_errors[job] += 1
+                wait = min(30.0, 0.5 * 2 ** min(self._launch_errors[job], 6))
+                log.error("%s: cannot launch %s (trying again in %.0f s): %s", self.app, job, wait, exc)
+                self._hold[job] = now + wait
+                continue
             except (OSError, ValueError, RuntimeError) as exc:
                 log.error("%s: cannot start %s: %s", self.app, job, exc)
                 self._fail(job, f"cannot start: {exc}")
                 continue
+            self._launch_errors.pop(job, None)
             busy |= set(gpus)
             after = self._stopped_for.pop(job, None)
             if run.resumed:

@@ -157,7 +157,11 @@ def _scontrol_nodes(args: argparse.Namespace) -> str | None:
     import subprocess
 
     if args.from_file:
-        return Path(args.from_file).read_text()
+        try:
+            return Path(args.from_file).read_text()
+        except OSError as exc:
+            print(f"themis-arbiter: {args.command}: cannot read {args.from_file}: {exc.strerror}", file=sys.stderr)
+            return None
     try:
         return subprocess.run(["scontrol", "--oneliner", "show", "nodes"], capture_output=True, text=True,
                               check=True, timeout=30).stdout

@@ -33,7 +33,10 @@ class SlurmNode:
 
 
 def parse_nodes(text: str, gres_type: str = "g{index}") -> list[SlurmNode]:
-    """Nodes from ``scontrol --oneliner show nodes`` (one node per line)."""
+    """Nodes from ``scontrol --oneliner show nodes`` (one node per line). ValueError for a
+    ``gres_type`` without ``{index}``."""
+    if "{index}" not in gres_type:
+        raise ValueError(f"the GRES type pattern must contain '{{index}}', got {gres_type!r}")
     type_re = re.compile("^" + re.escape(gres_type).replace(re.escape("{index}"), r"(\d+)") + "$")
     nodes = []
     for line in text.splitlines():

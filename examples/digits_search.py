@@ -186,6 +186,14 @@ def render(summaries: list[dict[str, Any]], rounds: dict[str, Any], total_s: flo
 # ---------------------------------------------------------------------------------------------- the run
 
 
+def executor(name: str, workdir: Path):
+    """Local jobs take file locks on their "GPUs" (shared by both apps' launchers), so a job that
+    lost its lease and is still checkpointing holds the next one back, as Slurm does."""
+    from agent.executors import LocalExecutor
+
+    return LocalExecutor(lock_dir=workdir / ".gpu-locks") if name == "local" else name
+
+
 def slurm_cluster_toml() -> str:
     """Two GPUs of each of the first two usable Slurm nodes, shaped like ``CLUSTER_TOML``."""
     import subprocess
@@ -242,7 +250,7 @@ async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
                 runner = await AppRunner.create(
                     adapter, argv, app=name, arbiter=target, token=token, workdir=str(workdir / name),
                     cluster=CLUSTER, mqtt=args.mqtt, report=args.report, grace_s=5.0, env=THREADS,
-                    executor=args.executor,
+                    executor=executor(args.executor, workdir),
                     profiler=Profiler(iter_time_serial=0.025 * budget.epochs))
                 runners.append(runner)
             results = await asyncio.gather(*(r.run(timeout=budget.timeout_s) for r in runners), return_exceptions=True)

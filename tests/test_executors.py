@@ -163,6 +163,21 @@ def test_a_grant_lands_on_its_machine_and_exactly_its_gpu_indices(backend):
     asyncio.run(scenario())
 
 
+def test_a_lease_listing_its_gpus_out_of_order_runs_on_them(backend):
+    """Engines list indices in ascending order whatever the lease's order; the job's check of its
+    GPUs against the lease (THEMIS_CUDA_DEVICES) must not mistake that for other GPUs."""
+    async def scenario():
+        launcher = backend.launcher("a", "2", "0.02")
+        gpus = ["n2-g1", "n2-g0"] if backend.name == "local" else ["n2-g3", "n2-g1"]
+        launcher.start(trial("t1"), gpus, place(*gpus))
+        (ended,) = (await settle(launcher, "t1")).exited
+        assert ended.clean and ended.reports == 2, launcher.log_path("t1").read_text()
+        (start,) = backend.starts()
+        assert start["cvd"] == ("0,1" if backend.name == "local" else "1,3")
+
+    asyncio.run(scenario())
+
+
 def test_a_second_job_on_a_busy_gpu_waits_until_the_first_is_gone(backend):
     """Two apps' launchers, one GPU: the engine (or the local GPU lock) holds the second job back
     while the first one is still checkpointing after its stop, so they never share the GPU."""
@@ -248,7 +263,7 @@ def test_a_job_that_ignores_its_stop_is_killed_after_the_grace_period(backend):
         began = time.monotonic()
         launcher.stop("stubborn", grace=1.0)
         (ended,) = (await settle(launcher, "stubborn")).exited
-        assert ended.killed and ended.requested and not ended.clean
+        assert ended.killed and ended.requested and ended.returncode == -9  # SIGKILL, really
         assert time.monotonic() - began >= 1.0
 
     asyncio.run(scenario())
@@ -327,7 +342,11 @@ def test_gres_requests_pin_each_index_and_exit_codes_read_like_processes():
     assert exit_code("3:0", "FAILED") == 3
     assert exit_code("0:9", "FAILED") == -9
     assert exit_code("0:0", "CANCELLED") == -15
+    assert exit_code("0:15", "CANCELLED") == -15
     assert exit_code("0:0", "NODE_FAIL") == -1
+    for state in ("TIMEOUT", "PREEMPTED", "DEADLINE", "BOOT_FAIL", "SPECIAL_EXIT"):
+        assert exit_code("0:0", state) == -1, state  # the engine ended it: never a clean exit
+    assert exit_code("0:125", "OUT_OF_MEMORY") == -1  # 125 is not a signal
     assert exit_code("", "vanished") == -1
 
 
@@ -365,6 +384,48 @@ def test_nodes_slurm_will_not_run_jobs_on_are_the_ones_to_drain():
               "g": "ALLOCATED", "h": "FAIL"}
     text = "".join(f"NodeName={n} Gres=gpu:g0:1 State={st}\n" for n, st in states.items())
     assert unavailable(parse_nodes(text)) == ["c", "d", "e", "f", "h"]
+
+
+def test_a_job_slurm_will_not_start_on_its_leased_node_is_given_up_at_once(slurm, tmp_path):
+    """Pending for a drained node (ReqNodeNotAvail) would hold a lease's GPUs for nothing."""
+    backend = Backend("slurm", tmp_path, slurm)
+
+    async def scenario():
+        launcher = backend.launcher("a", "3", "0.02")
+        slurm.run("scontrol", "update", "nodename=n1", "state=drain", "reason=themis-test")
+        try:
+            launcher.start(trial("t1"), ["n1-g3"], place("n1-g3"))
+            (ended,) = (await settle(launcher, "t1", timeout=20)).exited
+        finally:
+            slurm.run("scontrol", "update", "nodename=n1", "state=resume")
+        assert ended.returncode == -1 and "ReqNodeNotAvail" in ended.detail and not backend.starts()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_stop_slurm_could_not_take_is_tried_again(slurm, tmp_path):
+    backend = Backend("slurm", tmp_path, slurm)
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    (broken / "scancel").write_text("#!/bin/sh\necho 'Unable to contact slurm controller' >&2\nexit 1\n")
+    (broken / "scancel").chmod(0o755)
+    for name in ("squeue", "sbatch", "sacct"):
+        (broken / name).symlink_to(f"/usr/bin/{name}")
+
+    async def scenario():
+        launcher = backend.launcher("a", "100000", "0.05")
+        run = launcher.start(trial("t1"), ["n2-g2"], place("n2-g2"))
+        await wait_for(lambda: launcher.poll().metrics and run.state == "running", 30)
+        launcher.executor.bin_dir = str(broken)  # scancel fails: the controller "is away"
+        launcher.stop("t1", grace=30)
+        for _ in range(4):
+            await asyncio.sleep(0.3)
+            assert not launcher.poll().exited  # the job trains on: nothing took the SIGTERM
+        launcher.executor.bin_dir = None
+        (ended,) = (await settle(launcher, "t1")).exited
+        assert ended.clean and ended.requested and not ended.killed  # SIGTERM taken on a later poll
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
 def test_a_bad_launch_is_refused_with_what_slurm_said(slurm, tmp_path):
@@ -503,3 +564,102 @@ def launcher_command(tmp_path: Path):
     from agent.executors import JobCommand
 
     return JobCommand("a", "ghost", ("/bin/sleep", "60"), tmp_path / "ghost.log")
+
+
+def test_local_gpu_locks_outlive_a_dead_agent_until_its_job_is_gone(tmp_path):
+    """The job inherits its GPU locks: an agent killed with SIGKILL leaves them held by the job,
+    which is still checkpointing (PR_SET_PDEATHSIG gave it SIGTERM), so no other agent starts there."""
+    import fcntl
+    import signal
+    import subprocess
+
+    locks = tmp_path / "locks"
+    job = tmp_path / "slow_exit.py"
+    job.write_text("import signal, sys, time\nfrom agent.job import Job\njob = Job.from_env()\n"
+                   "open(sys.argv[1], 'w').write('up')\n"
+                   "while not job.should_stop():\n    time.sleep(0.05)\ntime.sleep(3)  # a long checkpoint\n")
+    agent = tmp_path / "the_agent.py"
+    agent.write_text(textwrap.dedent(f"""
+        import time
+        from agent.executors import LocalExecutor
+        from agent.launcher import Launcher
+        from hyperparam_adapters.base import TrialSpec
+        launcher = Launcher("a", [{PY!r}, {str(job)!r}, {str(tmp_path / "up")!r}], {str(tmp_path / "w")!r},
+                            executor=LocalExecutor(lock_dir={str(locks)!r}), env={{"PYTHONPATH": {str(ROOT)!r}}})
+        launcher.start(TrialSpec("t1", {{}}), ["m0-g0"], [("r0", "m0", "m0-g0")])
+        while True:
+            launcher.poll()
+            time.sleep(0.05)
+    """))
+    proc = subprocess.Popen([PY, str(agent)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "up").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        lock = open(locks / "m0-g0.lock", "a")
+        with pytest.raises(BlockingIOError):  # the job, checkpointing, still holds it
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        deadline = time.monotonic() + 20
+        while True:  # and lets go when it is gone
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the lock outlived the job"
+                time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_an_unusable_lock_folder_is_a_clear_launch_error(tmp_path):
+    from agent.executors import LaunchError
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    launcher = Launcher("a", [PY, "-c", "pass"], tmp_path / "w", executor=LocalExecutor(lock_dir=blocker / "locks"))
+    with pytest.raises(LaunchError, match="GPU lock folder"):
+        launcher.start(trial("t1"), ["m0-g0"], place("m0-g0"))
+    assert not launcher.live() and not launcher.poll().exited
+
+
+def test_an_engine_outage_delays_launches_without_failing_the_trial(slurm, tmp_path):
+    backend = Backend("slurm", tmp_path, slurm)
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    (broken / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Unable to contact "
+                                   "slurm controller' >&2\nexit 1\n")
+    (broken / "sbatch").chmod(0o755)
+    for name in ("squeue", "scancel", "sacct"):
+        (broken / name).symlink_to(f"/usr/bin/{name}")
+
+    async def scenario():
+        async with arbiter(tmp_path, cluster=cluster_path(tmp_path), lease_s=30.0) as server:
+            adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 5)]], iter_time=0.05)
+            runner = await runner_for(backend, server, "solo", adapter, "1000", "0.05")
+            runner.launcher.executor.bin_dir = str(broken)
+            task = asyncio.create_task(runner.run(timeout=60))
+            await wait_for(lambda: runner._launch_errors["t0"] >= 3, 30)  # 3 refused launches: > max_failures
+            runner.launcher.executor.bin_dir = None
+            await task
+            assert runner.finished and not runner.failed and not runner.failures
+            (ran,) = runner.launcher.history
+            assert ran.clean and ran.last_iteration == 5
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+def test_cluster_from_slurm_says_what_is_wrong_with_its_input(tmp_path, capsys):
+    from arbiter.cli import main
+
+    assert main(["cluster-from-slurm", "--from", str(tmp_path / "missing.txt")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    saved = tmp_path / "nodes.txt"
+    saved.write_text("NodeName=a1 Gres=gpu:g0:1 State=IDLE\n")
+    assert main(["cluster-from-slurm", "--from", str(saved), "--gres-type", "g0"]) == 1
+    assert "must contain '{index}'" in capsys.readouterr().err
+    assert main(["cluster-from-slurm", "--from", str(saved), "--name", "x"]) == 0
+    assert 'names = ["a1"]' in capsys.readouterr().out

@@ -12,8 +12,10 @@ still be writing its checkpoint when the GPU's next holder starts. A cluster eng
 back until the old one is gone (Slurm does); with ``lock_dir`` this executor does the same on one
 host: it takes an exclusive ``flock`` on ``<lock_dir>/<machine>-g<index>.lock`` for every GPU of a
 job before starting it, keeps the job ``pending`` while another process (any agent on the host) holds
-one, and drops the locks only once the job's whole process group is gone. The kernel drops them if
-the agent dies, so nothing stays locked by a dead agent.
+one, and drops the locks only once the job's whole process group is gone. The job inherits the
+locks too, so if the agent dies they last until the job (and whatever it forked) has gone as well,
+and never longer: nothing stays locked by dead processes. Locks are per (machine, index) as the
+cluster file names them; on one real multi-GPU host, describe it as one machine.
 """
 
 from __future__ import annotations
@@ -57,20 +59,29 @@ class LocalExecutor(Executor):
             handle = Handle(self.name, str(popen.pid), job.job_id, machine, indices, extra)
             self._runs[handle.ref] = (_Tracked(handle), popen)
             return handle
+        try:
+            self.lock_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            for fd in fds.values():
+                os.close(fd)
+            raise LaunchError(f"job {job.job_id}: cannot use the GPU lock folder {self.lock_dir}: {exc}") from exc
         self._seq += 1
         handle = Handle(self.name, f"w{self._seq}", job.job_id, machine, indices, extra)
         self._waiting[handle.ref] = (_Tracked(handle), job, env, fds)
         self._start_waiting()
         return handle
 
-    def _spawn(self, job: JobCommand, env: Mapping[str, str], fds: Mapping[str, int]) -> subprocess.Popen:
-        """Start the process; the inherited ``fds`` are closed here whatever happens."""
+    def _spawn(self, job: JobCommand, env: Mapping[str, str], fds: Mapping[str, int],
+               locks: Sequence[int] = ()) -> subprocess.Popen:
+        """Start the process; the inherited ``fds`` are closed here whatever happens. The job also
+        inherits the GPU ``locks``: a lock lives as long as any process holding it, so if the agent
+        dies the GPUs stay locked until the job (and whatever it forked) is gone too."""
         try:
             with open(job.log_path, "ab") as out:
                 return subprocess.Popen(
                     list(job.argv), env={**env, **{k: str(fd) for k, fd in fds.items()}}, cwd=job.cwd,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=tuple(fds.values()),
-                    start_new_session=True, close_fds=True)
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    pass_fds=(*fds.values(), *locks), start_new_session=True, close_fds=True)
         except OSError as exc:
             raise LaunchError(f"job {job.job_id}: cannot start {job.argv[0]!r}: {exc}") from exc
         finally:
@@ -78,31 +89,39 @@ class LocalExecutor(Executor):
                 os.close(fd)
 
     def _lock(self, handle: Handle) -> list[int] | None:
-        """Exclusive locks on all of the handle's GPUs, or None (and nothing held) if one is taken."""
+        """Exclusive locks on all of the handle's GPUs, or None (and nothing held) if one is taken;
+        LaunchError if the lock files cannot be opened."""
         assert self.lock_dir is not None
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
         held: list[int] = []
-        for machine, indices in ((handle.machine, handle.gpu_indices), *handle.more):
-            for i in indices:
-                fd = os.open(self.lock_dir / f"{machine}-g{i}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-                try:
+        try:
+            for machine, indices in ((handle.machine, handle.gpu_indices), *handle.more):
+                for i in indices:
+                    fd = os.open(self.lock_dir / f"{machine}-g{i}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+                    held.append(fd)
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    for other in held:
-                        os.close(other)
-                    return None
-                held.append(fd)
+        except OSError as exc:
+            for fd in held:
+                os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                return None
+            raise LaunchError(f"job {handle.job_id}: cannot lock its GPUs in {self.lock_dir}: {exc}") from exc
         return held
 
     def _start_waiting(self) -> None:
         for ref, (tracked, job, env, fds) in list(self._waiting.items()):
-            locks = self._lock(tracked.handle)
+            try:
+                locks = self._lock(tracked.handle)
+            except LaunchError as exc:
+                del self._waiting[ref]
+                for fd in fds.values():
+                    os.close(fd)
+                self._done[ref] = Status(tracked.handle, "exited", 127, False, str(exc))
+                continue
             if locks is None:
                 continue
             del self._waiting[ref]
             try:
-                popen = self._spawn(job, env, fds)
+                popen = self._spawn(job, env, fds, locks)
             except LaunchError as exc:
                 for fd in locks:
                     os.close(fd)

@@ -61,7 +61,16 @@ log = logging.getLogger("themis.executor.slurm")
 FINAL = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "TIMEOUT", "SPECIAL_EXIT", "REVOKED"}
 NOT_STARTED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.:-]")
+#: Pending reasons after which a job will not start on its leased node within a lease.
+NEVER_STARTS = {"ReqNodeNotAvail", "PartitionDown", "PartitionInactive", "PartitionNodeLimit", "NodeDown",
+                "BadConstraints", "InvalidQOS", "InvalidAccount", "JobHeldAdmin", "JobHeldUser",
+                "DependencyNeverSatisfied", "PartitionConfig", "QOSJobLimit"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def job_name(app: str, job_id: str) -> str:
+    """The Slurm job name of a job: ``themis:<app>:<job>`` (both free of ':', so unambiguous)."""
+    return f"themis:{app}:{job_id}"
 
 
 def gres_request(gpu_indices: Sequence[int], gres_type: str = "g{index}") -> str:
@@ -70,17 +79,18 @@ def gres_request(gpu_indices: Sequence[int], gres_type: str = "g{index}") -> str
 
 
 def exit_code(slurm_exit: str, state: str) -> int:
-    """A Slurm ``ExitCode=X:S`` as a return code: -S when a signal ended it, else X; -1 for a job
-    that never ran or ended by the engine's doing (node failure) without either."""
+    """A Slurm ``ExitCode=X:S`` and final state as a return code: -S when a real signal ended it,
+    else X when non-zero; 0 only for COMPLETED; -15 for a job cancelled without either; -1 for
+    every other end by the engine's doing (node failure, time limit, preemption, out of memory)."""
     try:
         code, sig = (int(x) for x in slurm_exit.split(":", 1))
     except ValueError:
-        return -1
-    if sig:
+        code, sig = 0, 0
+    if 0 < sig < 65:
         return -sig
-    if code == 0 and state not in ("COMPLETED",):
-        return -1 if state in ("NODE_FAIL", "BOOT_FAIL", "REVOKED") else -15 if state == "CANCELLED" else 0
-    return code
+    if code:
+        return code
+    return 0 if state == "COMPLETED" else -15 if state == "CANCELLED" else -1
 
 
 @register("slurm")
@@ -144,6 +154,8 @@ class SlurmExecutor(Executor):
                env: Mapping[str, str], *, more: Sequence[tuple[str, Sequence[int]]] = ()) -> Handle:
         if job.fds:
             raise LaunchError("a Slurm job cannot inherit file descriptors: report by 'file' or 'mqtt'")
+        if not _NAME.match(job.app) or not _NAME.match(job.job_id):
+            raise LaunchError(f"app {job.app!r} / job {job.job_id!r}: Slurm job names here use A-Z a-z 0-9 . _ - only")
         parts = [(machine, check_indices(gpu_indices, f"job {job.job_id} on {machine}"))]
         parts += [(m, check_indices(i, f"job {job.job_id} on {m}")) for m, i in more]
         if len({m for m, _ in parts}) != len(parts):
@@ -155,7 +167,7 @@ class SlurmExecutor(Executor):
         script.write_text(f"#!/bin/sh\n# {job.app}/{job.job_id}, start {job.attempt} (written by agent.executors.slurm)\n"
                           f"{cd}exec {shlex.join(job.argv)}\n")
         script.chmod(0o755)
-        name = _SAFE_NAME.sub("_", f"themis:{job.app}:{job.job_id}")[:200]
+        name = job_name(job.app, job.job_id)
         args = ["--parsable", f"--job-name={name}", f"--output={job.log_path}", "--open-mode=append",
                 f"--chdir={job.cwd or folder}", "--export=ALL", "--kill-on-invalid-dep=yes"]
         for k, (node, indices) in enumerate(parts):
@@ -171,7 +183,11 @@ class SlurmExecutor(Executor):
         args.append(str(script))
         job_env = strip_engine_env(env)
         job_env["THEMIS_CHECKPOINT"] = str(checkpoint)
-        out = self.run("sbatch", *args, env=job_env)
+        try:
+            out = self.run("sbatch", *args, env=job_env)
+        except LaunchError:
+            self._cancel_named(name)  # a timed-out sbatch may have been accepted all the same
+            raise
         ref = out.strip().split(";")[0]
         if not ref.isdigit():
             raise LaunchError(f"sbatch answered {out.strip()!r}, not a job id")
@@ -188,103 +204,116 @@ class SlurmExecutor(Executor):
         if tracked is None:
             return
         deadline = time.monotonic() + max(0.0, grace)
-        if not tracked.signalled:
-            tracked.signalled = True
-            # `scancel --signal` on a job that has not started blocks, retrying: ask where it is now
-            # (the cached state may be a poll old); a job not started yet is cancelled outright (a
-            # plain scancel still sends SIGTERM, and SIGKILL only after Slurm's KillWait, if it has
-            # just started meanwhile).
-            self._refresh()
-            if self._states[handle.ref].state == "pending":
-                self._cancel(handle.ref)
-            elif not self._states[handle.ref].exited:
-                self._scancel("--signal=TERM", "--full", handle.ref)
         if tracked.kill_at is None or deadline < tracked.kill_at:
             tracked.kill_at = deadline
+        self._terminate(tracked)
+
+    def _terminate(self, tracked: _Tracked) -> None:
+        """SIGTERM a started job, cancel one that has not started; marked done only once Slurm took
+        it, so :meth:`poll` tries again after a controller hiccup."""
+        if tracked.signalled:
+            return
+        ref = tracked.handle.ref
+        if self._states[ref].state == "pending":
+            # `scancel --signal` on a job that has not started blocks, retrying, so look again (the
+            # cached state may be a poll old); a job still not started is cancelled outright (a
+            # plain scancel still sends SIGTERM, and SIGKILL only after Slurm's KillWait, should
+            # it have started meanwhile).
+            self._refresh()
+        status = self._states[ref]
+        if status.exited:
+            tracked.signalled = True
+        elif status.state == "pending":
+            tracked.signalled = self._scancel(ref)
+        else:
+            tracked.signalled = self._scancel("--signal=TERM", "--full", ref)
 
     def kill(self, handle: Handle) -> None:
         tracked = self._jobs.get(handle.ref)
         if tracked is not None:
-            tracked.killed = tracked.signalled = True
-            self._kill_now([handle.ref])
+            self._kill_now([tracked])
 
-    def _kill_now(self, refs: Sequence[str]) -> None:
+    def _kill_now(self, tracked: Sequence[_Tracked]) -> None:
         """SIGKILL to the started ones (never ``--signal`` to a pending job: scancel would block),
-        then cancel them all."""
-        started = [r for r in refs if r in self._states and self._states[r].state == "running"]
+        then cancel them all; each is marked killed once Slurm took it."""
+        live = [t for t in tracked if not self._states[t.handle.ref].exited]
+        started = [t.handle.ref for t in live if self._states[t.handle.ref].state == "running"]
         if started:
             self._scancel("--signal=KILL", "--full", *started)
-        if refs:
-            self._cancel(*refs)
+        if live and self._scancel(*(t.handle.ref for t in live)):
+            for t in live:
+                t.killed = t.signalled = True
 
     def _scancel(self, *args: str) -> bool:
         try:
             self.run("scancel", *args)
-        except LaunchError as exc:  # e.g. the job ended meanwhile, or is still pending; poll() tells
+        except LaunchError as exc:  # the controller is unreachable, or the job ended meanwhile
             log.info("%s", exc)
             return False
         return True
 
-    def _cancel(self, *refs: str) -> None:
-        self._scancel(*refs)
-
     def poll(self) -> list[Status]:
         now = time.monotonic()
-        for ref, tracked in self._jobs.items():
-            if tracked.kill_at is not None and now >= tracked.kill_at and not tracked.killed:
-                if self._states.get(ref) is None or not self._states[ref].exited:
-                    log.warning("Slurm job %s (%s) outlived its grace period: killing it", ref, tracked.handle.job_id)
-                    tracked.killed = True
-                    self._kill_now([ref])
         if now - self._last_poll >= self.poll_interval_s:
             self._last_poll = now
             self._refresh()
-        return [self._states[ref] for ref in self._jobs if ref in self._states]
+            stopping = [t for t in self._jobs.values() if t.kill_at is not None and not self._states[t.handle.ref].exited]
+            for tracked in stopping:
+                if not tracked.signalled:
+                    self._terminate(tracked)  # a stop that Slurm did not take yet
+            overdue = [t for t in stopping if now >= t.kill_at and not t.killed]
+            if overdue:
+                log.warning("Slurm jobs %s outlived their grace period: killing them",
+                            ", ".join(t.handle.ref for t in overdue))
+                self._kill_now(overdue)
+        return [self._states[ref] for ref in self._jobs]
 
     def _refresh(self) -> None:
         live = [ref for ref in self._jobs if not self._states[ref].exited]
         if not live:
             return
         try:
-            done = self.call("squeue", "--noheader", "--states=all", f"--jobs={','.join(live)}", "--format=%i|%T|%r")
+            done = self.call("squeue", "--noheader", "--states=all", f"--jobs={','.join(live)}",
+                             "--Format=JobID:|,State:|,Reason:|,exit_code:|")
         except LaunchError as exc:
             log.warning("squeue failed, keeping the last known states: %s", exc)
             return
-        out = done.stdout
         if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
             # the controller is unreachable or busy: say nothing rather than declare jobs dead
             log.warning("squeue failed (%d), keeping the last known states: %s", done.returncode, done.stderr.strip())
             return
-        seen: dict[str, str] = {}
-        for line in out.splitlines():
+        seen: dict[str, tuple[str, str, int]] = {}
+        for line in done.stdout.splitlines():
             fields = line.strip().split("|")
-            if len(fields) < 2:
+            if len(fields) < 4:
                 continue
             ref = fields[0].split("+")[0]  # a heterogeneous job's components: 123+0, 123+1
-            state = fields[1].split()[0].rstrip("+")
+            state = fields[1].split()[0].rstrip("+") if fields[1] else ""
+            status = int(fields[3]) if fields[3].strip().isdigit() else 0
             if ref in self._jobs and (ref not in seen or state not in FINAL):
-                seen[ref] = state
+                seen[ref] = (state, fields[2], status)
+        stuck = []
         for ref in live:
             tracked = self._jobs[ref]
-            state = seen.get(ref)
-            if state is None:
-                self._states[ref] = self._final(tracked, *self._forgotten(ref))
-            elif state in FINAL:
-                self._states[ref] = self._final(tracked, state, self._exit_of(ref))
+            if ref not in seen:
+                state, exit_field = self._forgotten(ref)
+                self._states[ref] = Status(tracked.handle, "exited", exit_code(exit_field, state), tracked.killed, state)
+                continue
+            state, reason, status = seen[ref]
+            if state in FINAL:
+                code = status >> 8 & 0xFF, status & 0x7F
+                self._states[ref] = Status(tracked.handle, "exited", exit_code(f"{code[0]}:{code[1]}", state),
+                                           tracked.killed, state)
+            elif state in NOT_STARTED and reason.split(",")[0].strip() in NEVER_STARTS:
+                stuck.append(tracked)
+                self._states[ref] = Status(tracked.handle, "exited", -1, tracked.killed, f"{state} ({reason})")
             else:
                 self._states[ref] = Status(tracked.handle, "pending" if state in NOT_STARTED else "running",
-                                           detail=state)
-
-    def _final(self, tracked: _Tracked, state: str, slurm_exit: str) -> Status:
-        return Status(tracked.handle, "exited", exit_code(slurm_exit, state), tracked.killed, state)
-
-    def _exit_of(self, ref: str) -> str:
-        try:
-            out = self.run("scontrol", "--oneliner", "show", "job", ref)
-        except LaunchError:
-            return ""
-        match = re.search(r"\bExitCode=(\d+:\d+)", out)
-        return match.group(1) if match else ""
+                                           detail=f"{state} ({reason})" if reason and reason != "None" else state)
+        if stuck:  # it would wait for a node or a partition the lease cannot wait for: give the GPUs back
+            log.warning("Slurm jobs %s cannot start where their lease is: %s", ", ".join(t.handle.ref for t in stuck),
+                        "; ".join(self._states[t.handle.ref].detail for t in stuck))
+            self._scancel(*(t.handle.ref for t in stuck))
 
     def _forgotten(self, ref: str) -> tuple[str, str]:
         """(state, ExitCode) of a job squeue no longer lists, from accounting; ("vanished", "")."""
@@ -299,24 +328,45 @@ class SlurmExecutor(Executor):
                 return fields[1].split()[0], fields[2]
         return "vanished", ""
 
-    def cancel_leftovers(self, app: str) -> list[str]:
-        """Jobs named ``themis:<app>:*`` in Slurm's queue that this executor did not submit: a
-        plain ``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait, so they can checkpoint)."""
-        prefix = _SAFE_NAME.sub("_", f"themis:{app}:")
+    def _queue(self) -> list[tuple[str, str, str]] | None:
+        """(job id, name, state) of our user's jobs; None if squeue fails."""
         try:
             out = self.run("squeue", "--me", "--noheader", "--format=%i|%j|%T")
         except LaunchError as exc:
-            log.warning("cannot look for leftover jobs: %s", exc)
-            return []
-        found = []
+            log.warning("cannot read the queue: %s", exc)
+            return None
+        rows = []
         for line in out.splitlines():
             ref, _, rest = line.strip().partition("|")
             name, _, state = rest.rpartition("|")
-            ref = ref.split("+")[0].split("_")[0]
-            if name.startswith(prefix) and ref not in self._jobs and state not in FINAL and ref not in found:
-                found.append(ref)
-        if found:
-            self._cancel(*found)
+            rows.append((ref.split("+")[0].split("_")[0], name, state))
+        return rows
+
+    def _cancel_named(self, name: str) -> None:
+        rows = self._queue() or []
+        refs = sorted({ref for ref, n, state in rows if n == name and state not in FINAL and ref not in self._jobs})
+        if refs:
+            self._scancel(*refs)
+
+    def cancel_leftovers(self, app: str, wait_s: float = 60.0) -> list[str]:
+        """Jobs ``themis:<app>:<job>`` in our user's queue that this executor did not submit: a
+        plain ``scancel`` (SIGTERM, then SIGKILL after Slurm's KillWait, so they can checkpoint),
+        then wait (up to ``wait_s``) until they are gone, so a new start of the same job does not
+        race the old one for its checkpoint."""
+        prefix = job_name(app, "")
+        rows = self._queue() or []
+        found = sorted({ref for ref, name, state in rows
+                        if name.startswith(prefix) and _NAME.match(name[len(prefix):]) and ref not in self._jobs
+                        and state not in FINAL}, key=int)
+        if not found:
+            return []
+        self._scancel(*found)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            rows = self._queue()
+            if rows is not None and not any(ref in found and state not in FINAL for ref, _, state in rows):
+                break
+            time.sleep(0.5)
         return found
 
     def release(self, handle: Handle) -> None:
@@ -325,9 +375,5 @@ class SlurmExecutor(Executor):
 
     def close(self) -> None:
         """scancel every job of this executor that has not ended."""
-        live = [ref for ref in self._jobs if not self._states.get(ref, Status(self._jobs[ref].handle, "")).exited]
-        if live:
-            for ref in live:
-                self._jobs[ref].killed = True
-            self._kill_now(live)
-            self._last_poll = -1e9
+        self._kill_now(list(self._jobs.values()))
+        self._last_poll = -1e9
