@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -98,7 +98,6 @@ class _Tracked:
     kill_at: float | None = None  # monotonic deadline armed by stop()
     signalled: bool = False
     killed: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 class Executor(ABC):

@@ -21,11 +21,13 @@ Stopping: ``scancel --signal=TERM --full`` (the batch shell and every step, so t
 sees SIGTERM, checkpoints and exits 0), then, after the grace period, ``scancel --signal=KILL
 --full`` and a plain ``scancel``. A job still pending is cancelled outright.
 
-Watching: one ``squeue`` call for all of the executor's jobs per ``poll_interval_s``; a job in a
-final state is asked once more with ``scontrol show job`` for its exit code, and a job Slurm has
-forgotten (``MinJobAge`` passed, controller restarted) with ``sacct``, if accounting is on;
-otherwise it is reported exited with code -1 and detail ``vanished``. When ``squeue`` itself fails
-(controller down), nothing is reported: a running job is never declared dead on a hiccup.
+Watching: one ``squeue`` call for all of the executor's jobs per ``poll_interval_s`` gives each
+job's state, pending reason and exit status; a job Slurm has forgotten (``MinJobAge`` passed,
+controller restarted) is asked of ``sacct``, if accounting is on, and otherwise reported exited with
+code -1 and detail ``vanished``. When ``squeue`` itself fails (controller down), nothing is
+reported: a running job is never declared dead on a hiccup, and stops ``scancel`` could not deliver
+are tried again on the next poll. A job pending for a reason that will not pass within a lease
+(``NEVER_STARTS``: its node drained, its partition down) is cancelled and reported ended.
 
 The job script and its output live in the job's folder, which must be on storage the nodes share
 with the agent (so must the checkpoint: the next start may be on another node).
