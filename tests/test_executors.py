@@ -550,8 +550,7 @@ def test_a_controller_hiccup_never_declares_a_running_slurm_job_dead(slurm, tmp_
         # a job id Slurm never heard of: squeue says "Invalid job id", sacct has no accounting
         ghost = executor.launch(launcher_command(tmp_path), "n3", [0], tmp_path / "ck", backend.env())
         slurm.run("scancel", ghost.ref)
-        executor._jobs["999999"] = executor._jobs.pop(ghost.ref)
-        executor._jobs["999999"].handle = ghost  # tracked under an id Slurm does not know
+        executor._jobs["999999"] = executor._jobs.pop(ghost.ref)  # tracked under an id Slurm does not know
         executor._states["999999"] = executor._states.pop(ghost.ref)
         executor._last_poll = -1e9
         (status,) = [s for s in executor.poll() if s.handle is ghost]
