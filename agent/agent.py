@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from agent.appsched import AppScheduler
 from agent.bidding import DEFAULT_ALTERNATIVES, make_bid
-from agent.fairness import TimeLeftCache, finish_time_fairness
+from agent.fairness import TimeLeftCache, finish_time_fairness, waiting_rho
 from agent.placement import NO_SLOWDOWN, Position
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
@@ -27,6 +27,8 @@ def packed(n: int) -> list[Position]:
 class Agent:
     app: AppScheduler
     alternatives: int = DEFAULT_ALTERNATIVES
+    name: str = ""  # the app's name: orders equally good candidate containers its own way (D7)
+    restart_s: float = 0.0  # what moving its jobs to other GPUs costs it (D11): bids carry it (D17)
     _cache: TimeLeftCache | None = field(default=None, repr=False)
 
     def time_left(self, gpus: Sequence[Position]) -> float:
@@ -36,8 +38,9 @@ class Agent:
         return self._cache(gpus)
 
     def report(self, request: RhoRequest) -> RhoReport:
-        """Rho with what the app holds (D2-D4), its demand, and whatever else the policy asks for
-        (``request.extras``: what the baselines allocate by)."""
+        """Rho with what the app held as the round opened (D2-D4, D13), its demand, its waiting rho
+        when it held nothing (D13), and whatever else the policy asks for (``request.extras``: what
+        the baselines allocate by)."""
         held = list(request.held.values())
         rho = finish_time_fairness(
             self.app, held, now=request.now, n_avg=request.n_avg, cluster_size=request.cluster_size,
@@ -45,13 +48,19 @@ class Agent:
         )
         demand = self.app.demand_now()
         extras = request.extras
+        wait = 0.0
+        if math.isinf(rho) and demand > 0:
+            wait = waiting_rho(self.app, now=request.now, n_avg=request.n_avg, cluster_size=request.cluster_size,
+                               time_left=self.time_left, packed=packed)
         return RhoReport(
             rho,
             demand,
             remaining_s=self.time_left(packed(demand)) if "remaining_s" in extras else math.inf,
             slowdown=self.app.placement_slowdown() if "slowdown" in extras else NO_SLOWDOWN,
             loss_decrease=self.app.loss_decrease_rate() if "loss_decrease" in extras else 0.0,
+            rho_wait=wait,
         )
 
     def bid(self, offer: Offer) -> BidTable:
-        return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self.time_left)
+        return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self.time_left, salt=self.name,
+                        restart_s=self.restart_s)

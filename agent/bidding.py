@@ -9,7 +9,9 @@ machines, then racks) first, so every candidate has the best locality its contai
 Rows with the same shape (``agent.placement.canonical_shape`` of held + won GPUs) have the same rho,
 so rho is computed once per shape. Of the same-count, same-level candidates we keep up to
 ``alternatives`` in distinct containers -- those next to GPUs the app already holds first, then the
-tightest fit (least fragmentation) -- so that the auction can give two apps two different machines.
+tightest fit (least fragmentation), then an order of the app's own (``salt``, the app's name): apps
+that want the same thing list different ones of equally good containers, so their bids cover the
+offer and the auction can give each its own machine instead of all naming the same few (D7).
 Rack and spread candidates come twice: fullest machines first, and once more from only the machines
 too small to host k alone, so an app can say what it would do with the fragments and leave a
 consolidated machine to an app that needs it more. Rows no better than ``rho_old`` are dropped:
@@ -19,12 +21,13 @@ Size bound: counts are 1..min(remaining demand, offered) when that is at most 16
 then every power of two and 1.5 times a power of two, plus the full remaining demand (at most 18
 counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
 of the slot and machine levels, 2 x ``alternatives`` rack rows, 2 spread rows and one row of the
-app's previous GPUs: with the default 2, at most 11 rows per count, 176 rows for a demand of 16
-and 198 for any demand up to 256.
+app's previous GPUs: with the default 3, at most 15 rows per count, 240 rows for a demand of 16
+and 270 for any demand up to 256.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.appsched import AppScheduler
@@ -32,7 +35,7 @@ from agent.fairness import TimeLeftCache, finish_time_fairness
 from agent.placement import Position
 from protos.messages import BidTable, Offer
 
-DEFAULT_ALTERNATIVES = 2
+DEFAULT_ALTERNATIVES = 3
 
 
 def useful_counts(remaining: int) -> list[int]:
@@ -97,10 +100,15 @@ class _OfferShape:
         return out
 
 
-def _ranked(containers: Mapping, need: int, near: set, key_of) -> list:
-    """Containers with room for ``need``: those next to held GPUs first, then tightest fit."""
+def _ranked(containers: Mapping, need: int, near: set, key_of, salt: str = "") -> list:
+    """Containers with room for ``need``: those next to held GPUs first, then tightest fit, then the
+    app's own order (a hash of ``salt`` and the container), then the container's name."""
     fits = [c for c, free in containers.items() if free >= need]
-    return sorted(fits, key=lambda c: (key_of(c) not in near, containers[c], c))
+    return sorted(fits, key=lambda c: (key_of(c) not in near, containers[c], _mix(salt, c), c))
+
+
+def _mix(salt: str, container) -> int:
+    return zlib.crc32(f"{salt}|{container}".encode()) if salt else 0
 
 
 def candidate_sets(
@@ -109,6 +117,7 @@ def candidate_sets(
     counts: Sequence[int],
     alternatives: int = DEFAULT_ALTERNATIVES,
     previous: Mapping[str, Position] | None = None,
+    salt: str = "",
 ) -> list[frozenset[str]]:
     """The GPU subsets worth bidding on, best locality first within each container (D1, D7).
 
@@ -136,11 +145,11 @@ def candidate_sets(
             break
         if mine_shape is not None and k <= len(mine):
             add(mine_shape.pick_spread(k))
-        for s in _ranked(slot_free, k, near_machines, lambda s: s[:2])[:alternatives]:
+        for s in _ranked(slot_free, k, near_machines, lambda s: s[:2], salt)[:alternatives]:
             add(shape.slots[s][:k])
-        for m in _ranked(shape.machine_free, k, near_machines, lambda m: m)[:alternatives]:
+        for m in _ranked(shape.machine_free, k, near_machines, lambda m: m, salt)[:alternatives]:
             add(shape.pick_machine(m, k))
-        for r in _ranked(shape.rack_free, k, near_racks, lambda r: r)[:alternatives]:
+        for r in _ranked(shape.rack_free, k, near_racks, lambda r: r, salt)[:alternatives]:
             add(shape.pick_rack(r, k))
             fragments = shape.pick_rack(r, k, below=k)
             if len(fragments) == k:
@@ -159,28 +168,38 @@ def make_bid(
     *,
     alternatives: int = DEFAULT_ALTERNATIVES,
     time_left: Callable[[Sequence[Position]], float] | None = None,
+    salt: str = "",
+    restart_s: float = 0.0,
 ) -> BidTable:
     """The app's bid table for ``offer`` (D7): rho_old plus one row per useful candidate subset.
 
     ``time_left`` gives the app's remaining time under an allocation; an agent passes its
-    ``TimeLeftCache`` so rounds reuse what is unchanged (``AppScheduler.version``)."""
+    ``TimeLeftCache`` so rounds reuse what is unchanged (``AppScheduler.version``). ``salt`` (the
+    app's name) orders equally good containers the app's own way. ``restart_s`` is what a restart
+    costs the app (D11, D17): an allocation other than the GPUs it runs on now (what it holds plus
+    its GPUs whose lease just ran out) moves its jobs, so that allocation's rho carries one restart;
+    winning back exactly what it runs on carries none."""
     held = dict(offer.held if held is None else held)
     held_positions = list(held.values())
     left_of = time_left or TimeLeftCache(app)
+    running = frozenset(held) | frozenset(offer.previous)
 
-    def rho(positions: list[Position]) -> float:
+    def rho(positions: list[Position], gpus: frozenset[str]) -> float:
+        left = left_of(positions)
+        if restart_s and running and gpus != running:
+            left += restart_s
         return finish_time_fairness(
-            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left_of(positions)
+            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left
         )
 
-    rho_old = rho(held_positions)
+    rho_old = rho(held_positions, frozenset(held))
     remaining = app.demand_now() - len(held)
     if remaining <= 0 or not offer.gpus:
         return BidTable(rho_old, ())
     rows: list[tuple[frozenset[str], float]] = []
     counts = useful_counts(min(remaining, len(offer.gpus)))
-    for gids in candidate_sets(offer.gpus, held, counts, alternatives, offer.previous):
-        value = rho(held_positions + [offer.gpus[g] for g in gids])
+    for gids in candidate_sets(offer.gpus, held, counts, alternatives, offer.previous, salt):
+        value = rho(held_positions + [offer.gpus[g] for g in gids], frozenset(held) | gids)
         if value < rho_old:
             rows.append((gids, value))
     return BidTable(rho_old, tuple(rows))

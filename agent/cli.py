@@ -108,7 +108,7 @@ def run_agent(args: argparse.Namespace) -> int:
             if cred_file:
                 cred_file.touch(mode=0o600)
                 cred_file.write_text(credential + "\n")
-        client = AgentClient(Agent(app), name, args.arbiter, credential, tls_ca=tls_ca)
+        client = AgentClient(Agent(app, name=name), name, args.arbiter, credential, tls_ca=tls_ca)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)
         runner = asyncio.create_task(client.run())
         await jobs.run()

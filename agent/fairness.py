@@ -8,7 +8,7 @@ and N_avg, which the arbiter sends (D5). No clocks are read here.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from agent.appsched import (
@@ -278,6 +278,31 @@ def finish_time_fairness(
     while the app's work is unchanged: it does not depend on the clock)."""
     if left is None:
         left = shared_time_left(app, gpus)
+    if left == INFINITY:
+        return INFINITY
+    t_id = ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)
+    return (max(0.0, now - app.start_time) + left) / t_id
+
+
+def waiting_rho(
+    app: AppScheduler,
+    *,
+    now: float,
+    n_avg: float,
+    cluster_size: int,
+    time_left: Callable[[Sequence[Position]], float],
+    packed: Callable[[int], Sequence[Position]],
+) -> float:
+    """D13: the rho an app that holds nothing would reach if it got its fair share of the cluster
+    from now on: R_C / N_avg GPUs (at least one, at most its demand, well placed), time-sliced when
+    the share is below one GPU. Finite, and it grows while the app waits, so it orders the apps
+    that all have rho = infinity: the one that has waited longest relative to its size goes first.
+    ``packed(n)`` gives n well-placed GPU positions."""
+    share = cluster_size / n_avg
+    gpus = max(1, min(app.demand_now(), math.floor(share)))
+    left = time_left(packed(gpus))
+    if share < 1:
+        left /= share
     if left == INFINITY:
         return INFINITY
     t_id = ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)

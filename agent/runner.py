@@ -216,7 +216,7 @@ class AppRunner:
 
             bus = make_bus(mqtt, client_id=f"themis-agent-{app}-{id(adapter):x}")
             await bus.start()
-        client = AgentClient(Agent(adapter), app, arbiter, credential, tls_ca=tls_ca)
+        client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca)
         launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
                             grace_s=grace_s, env=env, executor=executor)
         runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)

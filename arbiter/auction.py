@@ -1,38 +1,51 @@
-"""The partial-allocation auction (paper 3.3.1, Pseudocode 1 lines 6-13; mechanism D7, D8).
+"""The partial-allocation auction (paper 3.3.1, Pseudocode 1 lines 6-13; mechanism D7, D8, D15, D16).
 
-1. **PF allocation.** Each bidder's valuation of a row is V = 1/rho. Pick at most one row per app,
-   each GPU to at most one app, maximising prod V_i (a sum of logs). Zero valuations (rho_old =
-   infinity: an app holding nothing) follow the Nash-welfare convention: first maximise how many
-   apps get a positive valuation, then the product among them (D8).
-2. **Hidden payments.** For each bidder i, re-solve without i and set
-   c_i = prod_{j != i} V_j(PF) / prod_{j != i} V_j(PF without i), so 0 < c_i <= 1 -- or c_i = 0
-   when i's win leaves another app with a zero valuation that it would not have without i (the
-   product's numerator is zero; docs/mechanism.md records this reading of D8).
-3. **Randomized rounding.** GPUs are indivisible: i keeps floor(c_i |G_i|) GPUs of its PF row plus
-   one more with probability frac(c_i |G_i|) (seeded), the kept GPUs chosen for best locality (D1).
-   Everything else is leftover (Pseudocode 1 line 11), for the round engine to hand out (D9).
+1. **Valuations** (D15). A bidder's value for a row is what the row adds to what it keeps:
+   V(G) = 1/rho(held + G) - 1/rho_old, and V(empty) = 0 (for an app holding nothing, 1/rho(G)).
+   With V(empty) = 0 the PA fraction c_i of a bundle is worth exactly c_i V(G) under a lottery
+   (step 4), which is what makes the hidden payment a real payment for apps that keep GPUs.
+2. **Contenders and the PF allocation** (D8, D15). Every bidder needs at least one GPU, so at most
+   |offered| can be served: the first that many bidders in the round's priority order (worst rho
+   first, D13) contend, the rest wait for leftover GPUs (D9). Among contenders, pick at most one row
+   per app, each GPU to at most one app, serving as many contenders as possible and then maximising
+   the product of valuations (Nash-welfare convention for zero valuations).
+3. **Hidden payments.** For each winner i, re-solve without i and set c_i = prod_{j != i} V_j(PF) /
+   prod_{j != i} V_j(PF without i). When every contender can be served (the usual case) 0 < c_i <= 1.
+   Only when i's row leaves another contender with nothing that would be served without i (a table
+   too narrow for the offer, e.g. a liar's that hides its small rows) is c_i = 0: the Nash product's
+   numerator has a zero valuation.
+4. **All-or-nothing lottery** (D15). A winner receives its whole PF row with probability c_i (one
+   seeded draw per app), else nothing; what is not received is leftover (Pseudocode 1 line 11) for
+   the round engine to hand out (D9). Expected value of what i receives: exactly c_i V_i(G_i).
 
-How it is solved. Each row's weight is its log-valuation gain over the app's empty row,
-log(rho_old / rho); for an app with rho_old = infinity the empty row's log-valuation is taken as
--M with M larger than every finite spread in the instance, which turns the Nash-welfare convention
-into one sum of weights (an app served is worth more than any product change). The problem then
-splits exactly:
+Deterministic outcomes (D16). Weights are integers: L = round(QUANTUM * log V), so rows whose values
+differ by less than about 0.1% tie, and among optimal allocations the auction always returns the
+*canonical* one: the first optimum of a depth-first search that decides apps by descending best row
+(then name) and tries each app's rows fewest GPUs first, then by descending weight, then by GPU
+ids, "no row" last. The exact
+branch and bound returns that allocation by construction (it replaces its incumbent only on strict
+improvement); when a MILP solver found the optimum instead, a second depth-first search with the
+optimum as its target finds the canonical allocation. No solver version can change the outcome.
 
-* rows no better than the empty row, and rows that contain another row of the same app with no
-  better rho, can never be in an optimum and are dropped;
+How it is solved. Serving one more contender is worth M more than any change of the product (a
+large integer), so one maximisation of sum(M + L) over rows does both steps of the convention. The
+problem splits exactly:
+
+* rows no better than rho_old, and rows that contain another row of the same app with no better
+  value, can never be in an optimum and are dropped;
 * apps whose rows share no GPU do not interact: the instance splits into connected components,
   each solved alone, and c_i depends only on i's component;
-* c_i = 1 without a re-solve when i wins nothing or when no other app bid on any GPU i won;
+* c_i = 1 without a re-solve when nobody else bid on i's GPUs, and c_i = 0 without a re-solve when
+  an unserved contender has a row inside i's GPUs and the idle ones;
 * small components are solved by exact branch and bound (all weights are positive, so each app
-  still to decide can add at most its best row); with the default solver, bigger ones get the
-  same search with a node budget of about one MILP solve's time, and only when that runs out a
-  MILP -- directly through highspy, with one persistent model per component whose re-solves only
-  change column bounds and start from the PF solution minus i -- or through PuLP (CBC or HiGHS).
+  still to decide can add at most its best row); with the default solver, bigger ones get the same
+  search with a node budget of about one MILP solve's time, and only when that runs out a MILP --
+  directly through highspy, with one persistent model per component whose re-solves only change
+  column bounds and start from the PF solution minus i -- or through PuLP (CBC or HiGHS).
 
 ``solver`` picks the MILP backend: ``"highs"`` (default: search first, then highspy in-process),
-``"pulp-highs"`` (PuLP's HiGHS interface), ``"pulp-cbc"`` (PuLP + CBC, a process per solve); the
-PuLP backends model every component past the small ones. All are exact (gap 0); docs/auction.md
-has the measurements behind the default.
+``"pulp-highs"`` (PuLP's HiGHS interface), ``"pulp-cbc"`` (PuLP + CBC, a process per solve). All are
+exact on the integer weights; docs/auction.md has the measurements behind the default.
 """
 
 from __future__ import annotations
@@ -49,11 +62,14 @@ from dataclasses import dataclass, field
 from protos.messages import BidTable, Position
 
 MAX_ROWS = 4096
+RHO_MIN, RHO_MAX = 1e-9, 1e9  # D7: rho outside this is no estimate (and 1/rho would overflow)
 SOLVERS = ("highs", "pulp-highs", "pulp-cbc")
 DEFAULT_SOLVER = "highs"
+QUANTUM = 1024  # D16: a weight is round(QUANTUM * log V)
 _ENUMERATION_LIMIT = 4096  # components with at most this many row combinations: always searched
 _SEARCH_NODES = 5_000  # bigger ones: branch and bound up to about one MILP solve's time, then the MILP
-_EPS = 1e-9
+_CANONICAL_NODES = 100_000  # the target search after a MILP (D16); past it, fixing app by app
+_CANONICAL_FIXING_S = 2.0  # ... for at most this long; past it the MILP's optimum is kept (canonical=False)
 
 
 class InvalidBid(ValueError):
@@ -69,8 +85,11 @@ class InvalidBid(ValueError):
 class AuctionOutcome:
     """What one auction decided (Pseudocode 1 line 12).
 
-    ``hidden_payment`` maps each bidder to c_i, the fraction of its PF allocation it keeps; the
-    hidden payment proper is the other 1 - c_i of it, which goes to ``leftover``.
+    ``hidden_payment`` maps each bidder to c_i, the probability that it receives its PF row (the
+    hidden payment proper is the other 1 - c_i); ``granted`` is what the lottery gave. ``contenders``
+    are the bidders that took part in the PF allocation, in priority order; bidders beyond them, and
+    contenders the PF left out, were not served. ``canonical`` is False only if both ways to find the
+    canonical allocation after a MILP ran out of budget and the MILP's own optimum was kept (D16).
     """
 
     pf: Mapping[str, frozenset[str]]
@@ -79,15 +98,19 @@ class AuctionOutcome:
     leftover: frozenset[str]
     pf_rho: Mapping[str, float] = field(default_factory=dict)
     solves: int = 0
+    contenders: tuple[str, ...] = ()
+    canonical: bool = True
 
 
 def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int = MAX_ROWS) -> None:
-    """D7: every GPU offered and listed once per row, rho finite and > 0 (rho_old may be
+    """D7: every GPU offered and listed once per row, rho within [RHO_MIN, RHO_MAX] (rho_old may be
     infinite), at most ``max_rows`` rows. Raises :class:`InvalidBid` naming the first fault."""
     if not isinstance(bid, BidTable):
         raise InvalidBid(app, f"expected a BidTable, got {type(bid).__name__}")
     if not isinstance(bid.rho_old, (int, float)) or math.isnan(bid.rho_old) or not bid.rho_old > 0:
         raise InvalidBid(app, f"rho_old must be > 0 (or infinity), got {bid.rho_old!r}")
+    if math.isfinite(bid.rho_old) and not RHO_MIN <= bid.rho_old <= RHO_MAX:
+        raise InvalidBid(app, f"rho_old must be within [{RHO_MIN:g}, {RHO_MAX:g}] (or infinity), got {bid.rho_old!r}")
     if len(bid.rows) > max_rows:
         raise InvalidBid(app, f"{len(bid.rows)} rows, more than the limit of {max_rows}")
     for k, row in enumerate(bid.rows):
@@ -106,63 +129,73 @@ def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int
             raise InvalidBid(app, f"row {k} asks for GPUs not offered: {sorted(map(str, stray))[:5]}")
         if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
             raise InvalidBid(app, f"row {k}: rho must be finite and > 0, got {rho!r}")
+        if not RHO_MIN <= rho <= RHO_MAX:
+            raise InvalidBid(app, f"row {k}: rho must be within [{RHO_MIN:g}, {RHO_MAX:g}], got {rho!r}")
+
+
+def row_value(rho: float, rho_old: float) -> float:
+    """D15: what a row adds, 1/rho - 1/rho_old (<= 0 for a row no better than the empty one)."""
+    return 1.0 / rho - (0.0 if math.isinf(rho_old) else 1.0 / rho_old)
 
 
 # ---------------------------------------------------------------------------------------------
 # The weighted set-packing problem behind the PF allocation
 
+Row = tuple[int, int, int, int]  # (GPU bitmask, weight M + L, L = round(QUANTUM log V), index in the bid)
+
 
 @dataclass
 class _Component:
     apps: list[str]
-    rows: list[list[tuple[int, float, int]]]  # per app: (gpu bitmask, weight, original row index)
-    starving: frozenset[str] = frozenset()  # apps with rho_old = infinity
+    rows: list[list[Row]]  # per app, in canonical order (``_undominated``)
 
 
-def _weights(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[str, list[tuple[int, float, int]]]:
-    """Row weights relative to each app's empty row (see module docstring), useless rows dropped."""
-    finite: dict[str, list[tuple[int, float, int]]] = {}
-    spread = 0.0
-    largest = 0.0
+def _log_values(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[str, list[tuple[int, int, int]]]:
+    """(mask, L, row index) of every useful row, per app (D15, D16); apps with none are left out."""
+    out = {}
     for app, bid in bids.items():
         rows = []
         for k, (gpus, rho) in enumerate(bid.rows):
+            value = row_value(rho, bid.rho_old)
+            if value <= 0:
+                continue
             mask = 0
             for g in gpus:
                 mask |= gpu_bit[g]
-            if math.isinf(bid.rho_old):
-                rows.append((mask, -math.log(rho), k))
-            elif rho < bid.rho_old:
-                rows.append((mask, math.log(bid.rho_old / rho), k))
+            rows.append((mask, round(QUANTUM * math.log(value)), k))
         if rows:
-            hi = max(w for _, w, _ in rows)
-            lo = min(0.0, min(w for _, w, _ in rows))
-            spread += max(0.0, hi) - lo
-            largest = max(largest, max(abs(w) for _, w, _ in rows))
-            finite[app] = rows
-    # Serving one more starving app gains at least M - largest and costs the others at most
-    # ``spread``, so this M makes the sum of weights order solutions as the Nash convention does.
-    big_m = spread + largest + 1.0
-    out = {}
-    for app, rows in finite.items():
-        if math.isinf(bids[app].rho_old):
-            rows = [(m, w + big_m, k) for m, w, k in rows]
-        out[app] = _undominated(rows)
+            out[app] = rows
     return out
 
 
-def _undominated(rows: list[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
-    """Drop rows that contain another row of the same app whose weight is at least as high."""
-    keep: list[tuple[int, float, int]] = []
-    for mask, w, k in sorted(rows, key=lambda r: (-r[1], r[0].bit_count(), r[2])):
-        if any(w <= kw + _EPS and (km & ~mask) == 0 for km, kw, _ in keep):
+def _weighted(values: Mapping[str, list[tuple[int, int, int]]]) -> dict[str, list[Row]]:
+    """Rows with weight M + L > 0, where M exceeds what serving one more app could cost the others
+    (so the maximum of the sum serves the most apps, then has the largest product), dominated rows
+    dropped."""
+    # Serving k + 1 apps must beat serving k whatever the values: M > sum over apps of the most one
+    # app's L can add (max(0, max L)) plus the most it can take away (max(0, -min L)); M + L > 0.
+    big_m = 1 + sum(max(0, max(L for _, L, _ in rows)) + max(0, -min(L for _, L, _ in rows))
+                    for rows in values.values())
+    return {app: _undominated([(m, big_m + L, L, k) for m, L, k in rows]) for app, rows in values.items()}
+
+
+def _undominated(rows: list[Row]) -> list[Row]:
+    """Drop rows that contain another row of the same app whose weight is at least as high; what is
+    left is in canonical order: fewest GPUs first, then weight descending, then mask (D16). Small
+    rows first lets the search reach allocations that serve many apps -- what the Nash convention
+    asks first -- before it tries the big ones."""
+    keep: list[Row] = []
+    for row in sorted(rows, key=lambda r: (-r[1], r[0].bit_count(), r[0])):
+        mask, w = row[0], row[1]
+        if any(w <= kw and (km & ~mask) == 0 for km, kw, _, _ in keep):
             continue
-        keep.append((mask, w, k))
+        keep.append(row)
+    keep.sort(key=lambda r: (r[0].bit_count(), -r[1], r[0]))
     return keep
 
 
-def _components(rows: Mapping[str, list[tuple[int, float, int]]], starving: frozenset[str]) -> list[_Component]:
-    """Apps linked by rows that share a GPU, as connected components."""
+def _components(rows: Mapping[str, list[Row]]) -> list[_Component]:
+    """Apps linked by rows that share a GPU, as connected components (apps in name order)."""
     apps = sorted(rows)
     parent = {a: a for a in apps}
 
@@ -172,23 +205,21 @@ def _components(rows: Mapping[str, list[tuple[int, float, int]]], starving: froz
             a = parent[a]
         return a
 
-    footprint = {a: 0 for a in apps}
-    for a in apps:
-        for m, _, _ in rows[a]:
-            footprint[a] |= m
     owner: dict[int, str] = {}
     for a in apps:
-        m = footprint[a]
-        while m:
-            low = m & -m
-            m ^= low
+        footprint = 0
+        for m, _, _, _ in rows[a]:
+            footprint |= m
+        while footprint:
+            low = footprint & -footprint
+            footprint ^= low
             b = owner.setdefault(low, a)
             if b != a:
                 parent[find(a)] = find(b)
     groups: dict[str, list[str]] = {}
     for a in apps:
         groups.setdefault(find(a), []).append(a)
-    return [_Component(g, [rows[a] for a in g], starving & frozenset(g)) for g in groups.values()]
+    return [_Component(g, [rows[a] for a in g]) for g in groups.values()]
 
 
 class _SearchTooLong(Exception):
@@ -196,60 +227,223 @@ class _SearchTooLong(Exception):
 
 
 def _search(
-    comp: _Component, skip: int | None, start: Sequence[int] | None = None, node_limit: int | None = None
-) -> tuple[float, list[int]] | None:
+    comp: _Component,
+    skip: int | None,
+    start: Sequence[int] | None = None,
+    node_limit: int | None = None,
+    target: int | None = None,
+    prices: Mapping[int, int] | None = None,
+) -> tuple[int, list[int]] | None:
     """Exact optimum by depth-first branch and bound; choice[i] = row position or -1.
 
-    Every weight is positive, so a partial choice can gain at most the best row of each app still
-    to decide; branches that cannot beat the best solution found so far (at first ``start``, a
-    feasible choice such as the PF solution minus the skipped app) are cut. Apps with the heaviest
-    rows are decided first, each trying its rows heaviest first. Returns None when ``node_limit``
-    nodes did not finish the search (the caller then solves the MILP).
+    Apps are decided by descending best weight (then name), each trying its rows in canonical order
+    (``_undominated``) and "no row" last. Branches that cannot beat the incumbent are cut, and the incumbent changes
+    only on strict improvement, so without ``start`` the result is the first optimum in this order:
+    the canonical allocation (D16), whatever bound does the cutting. With ``start`` (a feasible
+    choice, such as the PF solution minus the skipped app) the value is exact but the choice may be
+    another optimum. With ``target`` (a known optimum) the search returns the first allocation
+    reaching it. Returns None when ``node_limit`` nodes did not finish (the caller then solves the
+    MILP).
+
+    The bound is Lagrangian: with a price p_g >= 0 on each GPU (``prices``, by GPU bit; 0 when not
+    given), the apps still to decide can add at most the prices of the GPUs still free plus, per
+    app, its best row still disjoint from the GPUs taken, valued at its weight minus the prices of
+    its GPUs (and never below 0). Any prices give a valid bound; the LP relaxation's duals give
+    about the tightest (``_lp_prices``).
     """
     n = len(comp.apps)
-    order = sorted(
-        (i for i in range(n) if i != skip and comp.rows[i]), key=lambda i: (-max(w for _, w, _ in comp.rows[i]), i)
-    )
-    rows = [
-        sorted(((mask, w, r) for r, (mask, w, _) in enumerate(comp.rows[i])), key=lambda row: (-row[1], row[2]))
-        for i in order
-    ]
-    suffix = [0.0] * (len(order) + 1)
-    for k in range(len(order) - 1, -1, -1):
-        suffix[k] = suffix[k + 1] + rows[k][0][1]
-    best_value, best_choice = 0.0, [-1] * n
-    if start is not None:
+    order = _search_order(comp, skip)
+    rows = [[(mask, w, r) for r, (mask, w, _, _) in enumerate(comp.rows[i])] for i in order]
+    price = prices or {}
+
+    def cost(mask: int) -> int:
+        total = 0
+        while mask:
+            low = mask & -mask
+            mask ^= low
+            total += price.get(low, 0)
+        return total
+
+    # Per app, its rows by reduced weight (weight minus prices), best first, for the bound.
+    reduced = [sorted(((w - cost(mask), mask) for mask, w, _ in app_rows), reverse=True) for app_rows in rows]
+    everything = 0
+    for app_rows in rows:
+        for mask, _, _ in app_rows:
+            everything |= mask
+    priced_total = cost(everything)
+    if target is not None:
+        best_value, best_choice = target - 1, None
+    elif start is not None:
         best_choice = [c if i != skip else -1 for i, c in enumerate(start)]
         best_value = sum(comp.rows[i][c][1] for i, c in enumerate(best_choice) if c >= 0)
+    else:
+        # A greedy allocation's value minus one: any incumbent below the optimum leaves the first
+        # optimum in search order to be found (D16), and a good one cuts most branches early.
+        taken, greedy = 0, 0
+        for app_rows in rows:
+            for mask, w, _ in app_rows:
+                if not mask & taken:
+                    taken |= mask
+                    greedy += w
+                    break
+        best_value, best_choice = greedy - 1, None
     choice = [-1] * n
     budget = math.inf if node_limit is None else node_limit
+    depth = len(order)
 
-    def walk(k: int, used: int, value: float) -> None:
+    def bound(k: int, used: int, priced_used: int) -> int:
+        total = priced_total - priced_used
+        for app_rows in reduced[k:]:
+            for gain, mask in app_rows:
+                if gain <= 0:
+                    break
+                if not mask & used:
+                    total += gain
+                    break
+        return total
+
+    class _Found(Exception):
+        pass
+
+    def walk(k: int, used: int, priced_used: int, value: int) -> None:
         nonlocal best_value, best_choice, budget
         budget -= 1
         if budget < 0:
             raise _SearchTooLong
-        if k == len(order):
-            if value > best_value + _EPS:
+        if k == depth:
+            if value > best_value:
                 best_value, best_choice = value, choice.copy()
+                if target is not None:
+                    raise _Found
             return
-        if value + suffix[k] <= best_value + _EPS:
+        if value + bound(k, used, priced_used) <= best_value:
             return
-        i, rest = order[k], suffix[k + 1]
+        i = order[k]
         for mask, w, r in rows[k]:
-            if value + w + rest <= best_value + _EPS:
-                break
             if not mask & used:
                 choice[i] = r
-                walk(k + 1, used | mask, value + w)
+                walk(k + 1, used | mask, priced_used + cost(mask), value + w)
         choice[i] = -1
-        walk(k + 1, used, value)
+        walk(k + 1, used, priced_used, value)
 
     try:
-        walk(0, 0, 0.0)
+        walk(0, 0, 0, 0)
+    except _Found:
+        pass
     except (_SearchTooLong, RecursionError):  # one level per app: huge components go to the MILP
         return None
+    if best_choice is None:
+        return None
     return best_value, best_choice
+
+
+def _search_order(comp: _Component, skip: int | None = None) -> list[int]:
+    """The order in which the search decides apps: descending best weight, then name (D16)."""
+    heaviest = [max((row[1] for row in rows), default=0) for rows in comp.rows]
+    return sorted((i for i in range(len(comp.apps)) if i != skip and comp.rows[i]), key=lambda i: (-heaviest[i], i))
+
+
+def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[int] | None:
+    """The canonical allocation (D16) when the target search runs out of nodes: in the search's app
+    order, fix each app to the first of its rows (canonical order, "no row" last) with which an
+    allocation worth ``value`` (the optimum) still exists. Each step is a small MILP (highspy) whose
+    answer -- the least such position -- is unique, so the result does not depend on the solver.
+    None when the steps take more than ``budget_s`` seconds in all."""
+    import time
+
+    import highspy
+    import numpy as np
+
+    deadline = time.monotonic() + budget_s
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("mip_rel_gap", 0.0)
+    cols = [(i, r) for i, rows in enumerate(comp.rows) for r in range(len(rows))]
+    n = len(cols)
+    h.addCols(n, np.zeros(n), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
+              np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.array([highspy.HighsVarType.kInteger] * n))
+    by_app: dict[int, list[int]] = {}
+    by_gpu: dict[int, list[int]] = {}
+    for c, (i, r) in enumerate(cols):
+        by_app.setdefault(i, []).append(c)
+        m = comp.rows[i][r][0]
+        while m:
+            low = m & -m
+            m ^= low
+            by_gpu.setdefault(low, []).append(c)
+    groups = list(by_app.values()) + list(by_gpu.values())
+    starts = np.cumsum([0] + [len(v) for v in groups[:-1]]).astype(np.int32)
+    index = np.array([c for v in groups for c in v], dtype=np.int32)
+    h.addRows(len(groups), np.full(len(groups), -np.inf), np.ones(len(groups)), len(index), starts, index,
+              np.ones(len(index)))
+    weights = np.array([float(comp.rows[i][r][1]) for i, r in cols])
+    h.addRow(value - 0.5, np.inf, n, np.arange(n, dtype=np.int32), weights)  # worth the optimum
+    choice = [-1] * len(comp.apps)
+    for i in _search_order(comp):
+        mine = by_app[i]
+        none = len(mine)
+        # minimise the position of i's row: sum_r r x_r + none (1 - sum_r x_r)
+        cost = np.zeros(n)
+        for r, c in enumerate(mine):
+            cost[c] = r - none
+        h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        h.setOptionValue("time_limit", left)
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return None
+        values = h.getSolution().col_value
+        picked = next((r for r, c in enumerate(mine) if values[c] > 0.5), -1)
+        choice[i] = picked
+        lo = np.zeros(len(mine))
+        hi = np.zeros(len(mine))
+        if picked >= 0:
+            lo[picked] = hi[picked] = 1.0
+        h.changeColsBounds(len(mine), np.array(mine, dtype=np.int32), lo, hi)
+    return choice
+
+
+def _lp_prices(comp: _Component) -> dict[int, int]:
+    """GPU prices for the search's bound: the duals of the GPU constraints in the PF problem's LP
+    relaxation (highspy), rounded to integers >= 0. They only decide how fast the search cuts, never
+    what it returns (D16)."""
+    import highspy
+    import numpy as np
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    cols = [(i, r) for i, rows in enumerate(comp.rows) for r in range(len(rows))]
+    n = len(cols)
+    h.addCols(n, np.array([float(comp.rows[i][r][1]) for i, r in cols]), np.zeros(n), np.ones(n), 0,
+              np.array([], dtype=np.int32), np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+    by_app: dict[int, list[int]] = {}
+    by_gpu: dict[int, list[int]] = {}
+    for c, (i, r) in enumerate(cols):
+        by_app.setdefault(i, []).append(c)
+        m = comp.rows[i][r][0]
+        while m:
+            low = m & -m
+            m ^= low
+            by_gpu.setdefault(low, []).append(c)
+    groups = list(by_app.values()) + list(by_gpu.values())
+    starts = np.cumsum([0] + [len(v) for v in groups[:-1]]).astype(np.int32)
+    index = np.array([c for v in groups for c in v], dtype=np.int32)
+    h.addRows(len(groups), np.full(len(groups), -np.inf), np.ones(len(groups)), len(index), starts, index,
+              np.ones(len(index)))
+    h.run()
+    duals = h.getSolution().row_dual
+    out = {}
+    for k, gpu in enumerate(by_gpu, start=len(by_app)):
+        p = round(abs(duals[k]))
+        if p > 0:
+            out[gpu] = p
+    return out
 
 
 class _HighsModel:
@@ -264,7 +458,7 @@ class _HighsModel:
         h = self.h
         h.setOptionValue("output_flag", False)
         h.setOptionValue("mip_rel_gap", 0.0)
-        h.setOptionValue("mip_abs_gap", 1e-9)
+        h.setOptionValue("mip_abs_gap", 0.5)  # weights are integers: a gap below 1 proves optimality
         h.setOptionValue("threads", 1)
         # Measured on the 60 yardstick instances (docs/auction.md): restarts and the RINS/RENS
         # sub-MIPs cost more than they save on these set-packing models.
@@ -274,9 +468,9 @@ class _HighsModel:
         self.cols: list[tuple[int, int]] = []
         costs = []
         for i, rows in enumerate(comp.rows):
-            for r, (_, w, _) in enumerate(rows):
+            for r, row in enumerate(rows):
                 self.cols.append((i, r))
-                costs.append(w)
+                costs.append(float(row[1]))
         n = len(self.cols)
         self.n = n
         h.addCols(n, np.array(costs), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
@@ -284,7 +478,6 @@ class _HighsModel:
         h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
                                 np.array([highspy.HighsVarType.kInteger] * n))
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        rows_idx: list[list[int]] = []
         by_app: dict[int, list[int]] = {}
         by_gpu: dict[int, list[int]] = {}
         for c, (i, r) in enumerate(self.cols):
@@ -294,16 +487,16 @@ class _HighsModel:
                 low = m & -m
                 m ^= low
                 by_gpu.setdefault(low, []).append(c)
-        rows_idx.extend(v for v in by_app.values() if len(v) > 1)
-        rows_idx.extend(v for v in by_gpu.values() if len(v) > 1)
+        rows_idx = [v for v in by_app.values() if len(v) > 1] + [v for v in by_gpu.values() if len(v) > 1]
         if rows_idx:
             starts = np.cumsum([0] + [len(v) for v in rows_idx[:-1]]).astype(np.int32)
             index = np.array([c for v in rows_idx for c in v], dtype=np.int32)
             h.addRows(len(rows_idx), np.full(len(rows_idx), -np.inf), np.ones(len(rows_idx)),
                       len(index), starts, index, np.ones(len(index)))
         self.app_cols = by_app
+        self.n_apps = len(comp.apps)
 
-    def solve(self, skip: int | None, start: list[int] | None) -> tuple[float, list[int]]:
+    def solve(self, skip: int | None, start: list[int] | None) -> list[int]:
         np, h = self.np, self.h
         if skip is not None and skip in self.app_cols:
             idx = np.array(self.app_cols[skip], dtype=np.int32)
@@ -316,18 +509,17 @@ class _HighsModel:
             h.setSolution(self.n, np.arange(self.n, dtype=np.int32), x)
         h.run()
         values = h.getSolution().col_value
-        value = h.getInfo().objective_function_value
         if skip is not None and skip in self.app_cols:
             idx = np.array(self.app_cols[skip], dtype=np.int32)
             h.changeColsBounds(len(idx), idx, np.zeros(len(idx)), np.ones(len(idx)))
-        choice = [-1] * (max(i for i, _ in self.cols) + 1)
+        choice = [-1] * self.n_apps
         for c, (i, r) in enumerate(self.cols):
             if values[c] > 0.5:
                 choice[i] = r
-        return value, choice
+        return choice
 
 
-def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float, list[int]]:
+def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> list[int]:
     import pulp
 
     prob = pulp.LpProblem("pf_allocation", pulp.LpMaximize)
@@ -336,16 +528,16 @@ def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float
     for i, rows in enumerate(comp.rows):
         if i == skip:
             continue
-        for r, (mask, _, _) in enumerate(rows):
+        for r, row in enumerate(rows):
             v = prob.add_variable(f"x_{i}_{r}", 0, 1, cat=pulp.LpBinary)
             x[i, r] = v
-            m = mask
+            m = row[0]
             while m:
                 low = m & -m
                 m ^= low
                 by_gpu.setdefault(low, []).append(v)
     if not x:
-        return 0.0, [-1] * len(comp.apps)
+        return [-1] * len(comp.apps)
     prob += pulp.lpSum(comp.rows[i][r][1] * v for (i, r), v in x.items())
     for i in range(len(comp.rows)):
         own = [v for (a, _), v in x.items() if a == i]
@@ -358,9 +550,9 @@ def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float
         # PuLP 3.x bundles CBC as PULP_CBC_CMD; the pyproject pin (< 4) keeps it there.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=False, gapRel=0, gapAbs=1e-9)
+            solver = pulp.PULP_CBC_CMD(msg=False, gapRel=0, gapAbs=0.5)
     else:
-        solver = pulp.HiGHS(msg=False, gapRel=0, gapAbs=1e-9, threads=1)
+        solver = pulp.HiGHS(msg=False, gapRel=0, gapAbs=0.5, threads=1)
     status = prob.solve(solver)
     if pulp.LpStatus[status] != "Optimal":
         raise RuntimeError(f"PuLP ({backend}) did not solve the PF allocation: {pulp.LpStatus[status]}")
@@ -368,7 +560,11 @@ def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> tuple[float
     for (i, r), v in x.items():
         if (v.value() or 0) > 0.5:
             choice[i] = r
-    return float(pulp.value(prob.objective) or 0.0), choice
+    return choice
+
+
+def _value(comp: _Component, choice: Sequence[int], skip: int | None = None) -> int:
+    return sum(comp.rows[i][r][1] for i, r in enumerate(choice) if r >= 0 and i != skip)
 
 
 class _ComponentSolver:
@@ -389,16 +585,11 @@ class _ComponentSolver:
         self.searchable = backend == "highs"
         self.local = threading.local()
         self.solves = 0
+        self.canonical = True
         self._lock = threading.Lock()
+        self.prices = None if self.enumerate or len(comp.apps) == 1 else _lp_prices(comp)
 
-    def solve(self, skip: int | None = None, start: list[int] | None = None) -> tuple[float, list[int]]:
-        if len(self.comp.apps) == 1 or self.enumerate:
-            return _search(self.comp, skip, start)
-        if self.searchable:
-            found = _search(self.comp, skip, start, _SEARCH_NODES)
-            if found is not None:
-                return found
-            self.searchable = False
+    def _milp(self, skip: int | None, start: list[int] | None) -> list[int]:
         with self._lock:
             self.solves += 1
         if self.backend == "highs":
@@ -408,43 +599,69 @@ class _ComponentSolver:
             return model.solve(skip, start)
         return _pulp_solve(self.comp, skip, self.backend)
 
+    def solve(self, skip: int | None = None, start: list[int] | None = None) -> tuple[int, list[int]]:
+        """(optimal value, a choice reaching it); without ``skip`` and ``start``, the canonical
+        choice (D16)."""
+        if len(self.comp.apps) == 1 or self.enumerate:
+            found = _search(self.comp, skip, start)
+            assert found is not None
+            return found
+        if self.searchable:
+            found = _search(self.comp, skip, start, _SEARCH_NODES, prices=self.prices)
+            if found is not None:
+                return found
+            self.searchable = False
+        choice = self._milp(skip, start)
+        value = _value(self.comp, choice)
+        if skip is None and start is None:
+            canonical = _search(self.comp, None, None, _CANONICAL_NODES, target=value, prices=self.prices)
+            if canonical is not None:
+                return canonical
+            fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_S)
+            if fixed is not None and _value(self.comp, fixed) == value and self._feasible(fixed):
+                return value, fixed
+            self.canonical = False
+        return value, choice
 
-def _served_and_value(comp: _Component, choice: Sequence[int], skip: int) -> tuple[int, float]:
-    """(apps with rho_old = infinity that get a row, total weight) over all apps but ``skip``."""
-    served = sum(1 for i, r in enumerate(choice) if r >= 0 and i != skip and comp.apps[i] in comp.starving)
-    return served, sum(comp.rows[i][r][1] for i, r in enumerate(choice) if r >= 0 and i != skip)
+    def _feasible(self, choice: Sequence[int]) -> bool:
+        used = 0
+        for i, r in enumerate(choice):
+            if r >= 0:
+                mask = self.comp.rows[i][r][0]
+                if mask & used:
+                    return False
+                used |= mask
+        return True
 
 
-def _hidden_payments(
-    comp: _Component, solver: _ComponentSolver, choice: list[int], workers: int
-) -> list[float]:
-    """c_i for each app of the component (D8), skipping re-solves where c_i = 1 is provable.
+def _served_and_log(comp: _Component, choice: Sequence[int], skip: int) -> tuple[int, int]:
+    """(apps served, sum of L) over all apps but ``skip``."""
+    served = sum(1 for i, r in enumerate(choice) if r >= 0 and i != skip)
+    return served, sum(comp.rows[i][r][2] for i, r in enumerate(choice) if r >= 0 and i != skip)
 
-    When removing i lets more of the other apps get a positive valuation (i's win leaves another
-    app with rho = infinity), the numerator of c_i has a zero valuation and c_i = 0: i keeps
-    nothing. Otherwise the served counts agree, the -M terms cancel and c_i is the plain product
-    ratio, 0 < c_i <= 1.
-    """
+
+def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[int], workers: int) -> list[float]:
+    """c_i for each app of the component (D8), skipping re-solves where the answer is provable."""
     out = [1.0] * len(comp.apps)
     todo = []
     used = footprint = 0
     for j, rows in enumerate(comp.rows):
-        for m, _, _ in rows:
-            footprint |= m
+        for row in rows:
+            footprint |= row[0]
         if choice[j] >= 0:
             used |= rows[choice[j]][0]
     idle = footprint & ~used
-    unserved = [comp.rows[j] for j, r in enumerate(choice) if r < 0 and comp.apps[j] in comp.starving]
+    unserved = [comp.rows[j] for j, r in enumerate(choice) if r < 0]
     for i, r in enumerate(choice):
         if r < 0:
             continue
         won = comp.rows[i][r][0]
-        if not any(m & won for j, rows in enumerate(comp.rows) if j != i for m, _, _ in rows):
+        if not any(row[0] & won for j, rows in enumerate(comp.rows) if j != i for row in rows):
             continue
-        # Without i, a starving app left out could take i's GPUs (and idle ones) while everyone
-        # else keeps theirs: more apps served, so c_i = 0 with no re-solve (same answer, D8).
+        # Without i, a contender left out could take i's GPUs (and idle ones) while everyone else
+        # keeps theirs: more apps served, so c_i = 0 with no re-solve (the same answer, D8).
         room = won | idle
-        if any((m & ~room) == 0 for rows in unserved for m, _, _ in rows):
+        if any((row[0] & ~room) == 0 for rows in unserved for row in rows):
             out[i] = 0.0
             continue
         todo.append(i)
@@ -452,11 +669,11 @@ def _hidden_payments(
     def resolve(i: int) -> tuple[int, float]:
         start = [c if j != i else -1 for j, c in enumerate(choice)]
         _, alt = solver.solve(skip=i, start=start)
-        served_with, with_i = _served_and_value(comp, choice, skip=i)
-        served_without, without_i = _served_and_value(comp, alt, skip=i)
+        served_with, with_i = _served_and_log(comp, choice, skip=i)
+        served_without, without_i = _served_and_log(comp, alt, skip=i)
         if served_without > served_with:
             return i, 0.0
-        return i, math.exp(min(0.0, with_i - max(without_i, with_i)))
+        return i, math.exp(min(0, with_i - max(without_i, with_i)) / QUANTUM)
 
     if workers > 1 and len(todo) > 1 and not (solver.enumerate or solver.searchable):
         with ThreadPoolExecutor(min(workers, len(todo))) as pool:
@@ -469,7 +686,7 @@ def _hidden_payments(
 
 
 def keep_best_locality(gpus: Sequence[str], k: int, position: Callable[[str], Position]) -> frozenset[str]:
-    """k of ``gpus`` with the best locality (D1, D8): inside one slot if any slot has k, else one
+    """k of ``gpus`` with the best locality (D1): inside one slot if any slot has k, else one
     machine, else one rack, filling the fullest groups first."""
     if k >= len(gpus):
         return frozenset(gpus)
@@ -524,6 +741,18 @@ def position_from_id(gpu_id: str) -> Position:
     return (gpu_id, gpu_id, gpu_id)
 
 
+def default_priority(bids: Mapping[str, BidTable]) -> list[str]:
+    """Bidders worst first when the caller gives no order: by rho_old (an app holding nothing
+    first), then by name."""
+    return sorted(bids, key=lambda a: (-bids[a].rho_old, a))
+
+
+def lottery_draw(seed: int, app: str) -> float:
+    """The app's own uniform draw for the lottery (D15): one stream per app, so two auctions with
+    the same seed draw the same number for the same app whatever the others did."""
+    return random.Random(f"lottery:{seed}:{app}").random()
+
+
 def run_auction(
     offered: frozenset[str],
     bids: Mapping[str, BidTable],
@@ -533,51 +762,50 @@ def run_auction(
     position: Callable[[str], Position] | None = None,
     max_rows: int = MAX_ROWS,
     workers: int | None = None,
+    priority: Sequence[str] | None = None,
 ) -> AuctionOutcome:
     """Run one partial-allocation auction (Pseudocode 1, ``auction``) over ``offered``.
 
     ``bids`` maps app -> :class:`BidTable`; every bid is validated first (D7) and the first bad one
-    raises :class:`InvalidBid`. ``position`` gives each GPU's (rack, machine, slot) for keeping the
-    best-placed GPUs when rounding; by default it is read off ids like ``r0-m1-g3``. ``workers``
-    threads run the re-solves for c_i (default: the machine's cores, at most 4).
+    raises :class:`InvalidBid`. ``priority`` orders the bidders worst first (the round's rho order,
+    D13; by default :func:`default_priority`): only the first |offered| bidders with a useful row
+    contend. ``position`` is accepted for callers that place GPUs (the lottery keeps whole rows).
+    ``workers`` threads run the re-solves for c_i (default: the machine's cores, at most 4).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     offered = frozenset(offered)
     for app, bid in bids.items():
         validate_bid(app, bid, offered, max_rows)
-    position = position or position_from_id
+    order = list(priority) if priority is not None else default_priority(bids)
+    strays = sorted(set(order) - set(bids))
+    if strays or len(set(order)) != len(order) or set(bids) - set(order):
+        raise ValueError(f"priority must list every bidder once, got extras {strays[:5]}")
     gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
-    weighted = _weights(bids, gpu_bit)
-    starving = frozenset(app for app, bid in bids.items() if math.isinf(bid.rho_old))
+    values = _log_values(bids, gpu_bit)
+    contenders = tuple([a for a in order if a in values][: len(offered)])
+    weighted = _weighted({a: values[a] for a in contenders})
 
     pf: dict[str, frozenset[str]] = {}
     pf_rho: dict[str, float] = {}
     c: dict[str, float] = {app: 1.0 for app in bids}
     solves = 0
+    canonical = True
     n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
-    for comp in _components(weighted, starving):
+    for comp in _components(weighted):
         solver_ = _ComponentSolver(comp, solver)
         _, choice = solver_.solve()
         for app, rows, r in zip(comp.apps, comp.rows, choice):
             if r >= 0:
-                gpus, rho = bids[app].rows[rows[r][2]]
+                gpus, rho = bids[app].rows[rows[r][3]]
                 pf[app] = frozenset(gpus)
                 pf_rho[app] = float(rho)
         for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice, n_workers)):
             c[app] = ci
         solves += solver_.solves
+        canonical &= solver_.canonical
 
-    rng = random.Random(seed)
-    granted: dict[str, frozenset[str]] = {}
-    for app in sorted(pf):
-        size = len(pf[app]) * c[app]
-        keep = math.floor(size + 1e-12)
-        if rng.random() < size - keep:
-            keep += 1
-        kept = keep_best_locality(sorted(pf[app]), keep, position)
-        if kept:
-            granted[app] = kept
+    granted = {app: pf[app] for app in sorted(pf) if lottery_draw(seed, app) < c[app]}
     used = frozenset().union(*granted.values()) if granted else frozenset()
     return AuctionOutcome(
         pf=pf,
@@ -586,4 +814,6 @@ def run_auction(
         leftover=offered - used,
         pf_rho=pf_rho,
         solves=solves,
+        contenders=contenders,
+        canonical=canonical,
     )

@@ -1,9 +1,15 @@
 """Leftover allocation: work conservation after the auction (paper 3.3.2; mechanism D9).
 
-Leftover GPUs go at random to apps that did not bid this round and still have unmet demand, never
-beyond an app's demand; if none remain, to any app with unmet demand. An app drawn takes what it
-still wants at once, its own previous GPUs first, then best-placed (D1), so a GPU stays idle only
-when no app wants it.
+First, the reserve -- the apps offered GPUs beyond the auction's bidders (D14) -- take what is left
+in rank order, worst first, each the row of its own bid it values most among those that fit
+(:func:`serve_queue`): a winner's hidden payment goes to the next starving apps in rank order
+before anyone else, and by their bids, not by a draw.
+Then the rest goes at random to apps that did not bid this round and still have unmet demand,
+never beyond an app's demand; if none remain, to the apps that bid and got nothing yet this round,
+and last to those offered GPUs that did not bid. An app drawn takes what it still wants at once,
+its own previous GPUs first, then best-placed (D1), inside the slot, machine or rack of what it
+keeps, so that a gift never spreads (and slows) its job. A GPU stays idle only when every app that
+wants more got GPUs this round or has no room for it there.
 
 "Did not bid" means not offered: the apps the fairness filter kept out (D6). An app that was
 offered GPUs and did not bid -- silent, crashed, or its bid refused -- comes last, after the
@@ -13,32 +19,74 @@ bidders: otherwise not bidding would pay, and a dead agent would be leased GPUs 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from arbiter.auction import take_gpus
-from protos.messages import Position
+from arbiter.auction import row_value, take_gpus
+from protos.messages import BidTable, Position
+
+
+def best_row(bid: BidTable, left: set[str], want: int) -> frozenset[str] | None:
+    """The row of ``bid`` the app values most (D15) among those inside ``left`` and within ``want``
+    GPUs (ties: the GPU ids' order), or None when none fits or helps."""
+    fits = [(row_value(rho, bid.rho_old), sorted(gpus)) for gpus, rho in bid.rows
+            if len(gpus) <= want and left.issuperset(gpus)]
+    fits = [f for f in fits if f[0] > 0]
+    return frozenset(min(fits, key=lambda f: (-f[0], f[1]))[1]) if fits else None
+
+
+def serve_queue(
+    pool: Iterable[str],
+    queued: Sequence[str],
+    unmet: Mapping[str, int],
+    bids: Mapping[str, BidTable],
+) -> dict[str, frozenset[str]]:
+    """D9's first tier: the reserve in rank order (``queued``), each takes its :func:`best_row`
+    among what is left; an app none of whose rows fits takes nothing here.
+
+    A serial dictatorship over the apps' own rows in a fixed order: hiding or misvaluing rows only
+    removes an app's own options, so no bidder gains by it."""
+    left = set(pool)
+    grants: dict[str, frozenset[str]] = {}
+    for app in queued:
+        if not left:
+            break
+        want, bid = unmet.get(app, 0), bids.get(app)
+        if want <= 0 or bid is None:
+            continue
+        take = best_row(bid, left, want)
+        if take:
+            grants[app] = take
+            left -= take
+    return grants
 
 
 def hand_out_leftover(
     leftover: Iterable[str],
     unmet: Mapping[str, int],
-    bidders: Iterable[str],
+    bids: Mapping[str, BidTable],
     *,
     rng: random.Random,
     position: Callable[[str], Position],
     previous: Mapping[str, frozenset[str]] | None = None,
     offered: Iterable[str] = (),
+    served: Iterable[str] = (),
+    held: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, frozenset[str]]:
-    """Grants of leftover GPUs (D9). ``unmet`` is each app's demand after the auction's grants;
-    ``offered`` the apps that got this round's offer (those of them not in ``bidders`` come last)."""
+    """Grants of leftover GPUs (D9), tier by tier in a seeded random order: the apps that got no
+    offer, then the apps that bid, then the apps that were offered GPUs and did not bid. ``unmet``
+    is each app's demand after the earlier grants; apps that already got GPUs this round
+    (``served``) take nothing more here. An app takes what it still wants at once, its previous
+    GPUs first, then best-placed (D1), but only inside the smallest slot, machine or rack that holds
+    what it keeps (``held``): under D1 more GPUs at the same locality level cannot slow an app down,
+    while one GPU further out can (a gang-scheduled job runs at its slowest link)."""
     pool = sorted(leftover)
-    want = {app: n for app, n in unmet.items() if n > 0}
-    bid = set(bidders)
-    silent = set(offered) - bid
+    done = set(served)
+    want = {app: n for app, n in unmet.items() if n > 0 and app not in done}
+    silent = set(offered) - set(bids)
     grants: dict[str, frozenset[str]] = {}
     tiers = (
-        sorted(a for a in want if a not in bid and a not in silent),
-        sorted(a for a in want if a in bid),
+        sorted(a for a in want if a not in bids and a not in silent),
+        sorted(a for a in want if a in bids),
         sorted(a for a in want if a in silent),
     )
     for eligible in tiers:
@@ -46,8 +94,22 @@ def hand_out_leftover(
         for app in eligible:
             if not pool:
                 return grants
-            take = take_gpus(pool, min(want[app], len(pool)), position, (previous or {}).get(app, frozenset()))
-            grants[app] = grants.get(app, frozenset()) | take
-            want[app] -= len(take)
-            pool = [g for g in pool if g not in take]
+            room = within(pool, (held or {}).get(app, frozenset()), position)
+            take = take_gpus(room, min(want[app], len(room)), position, (previous or {}).get(app, frozenset()))
+            if take:
+                grants[app] = take
+                pool = [g for g in pool if g not in take]
     return grants
+
+
+def within(pool: Sequence[str], kept: frozenset[str], position: Callable[[str], Position]) -> list[str]:
+    """The GPUs of ``pool`` inside the smallest container (slot, machine, rack, D1) of ``kept``;
+    all of them when the app keeps nothing or its GPUs already span racks."""
+    if not kept:
+        return list(pool)
+    places = {position(g) for g in kept}
+    for depth in (3, 2, 1):  # one slot, one machine, one rack
+        if len({p[:depth] for p in places}) == 1:
+            prefix = next(iter(places))[:depth]
+            return [g for g in pool if position(g)[:depth] == prefix]
+    return list(pool)

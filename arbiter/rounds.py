@@ -46,7 +46,7 @@ class Grant:
     gpus: frozenset[str]
     expires_at: float
     round_id: int
-    source: str  # "auction", "leftover" (D9), or "policy" (a baseline's grant)
+    source: str  # "auction", "queue" (unserved bidders in rank order, D9), "leftover" (D9), or "policy"
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class RoundResult:
     unmet: Mapping[str, int] = field(default_factory=dict)  # demand beyond holdings as the round opened
     unmet_after: Mapping[str, int] = field(default_factory=dict)
     expired: tuple[Lease, ...] = ()  # leases that ran out when the round opened
+    granted_by: Mapping[str, int] = field(default_factory=dict)  # GPUs per source (Decision.granted_by)
 
 
 @dataclass(frozen=True)
@@ -391,6 +392,11 @@ class OpenRound:
         self.round_id = round_id
         self.now = now
         self.free = engine.free_gpus()
+        previous: dict[str, set[str]] = {}
+        for lease in expired:
+            if lease.app in engine.apps:
+                previous.setdefault(lease.app, set()).add(lease.gpu)
+        self.previous = {app: frozenset(g) for app, g in previous.items()}
         cluster = engine.cluster
         extras = engine.policy.report_extras
         self.requests = [
@@ -400,7 +406,7 @@ class OpenRound:
                 now,
                 engine.n_avg(app, now),
                 cluster.size,
-                {g: cluster.position(g) for g in sorted(engine.held(app))},
+                {g: cluster.position(g) for g in sorted(self.held_at_open(app))},
                 extras,
             )
             for app in sorted(engine.apps)
@@ -411,11 +417,11 @@ class OpenRound:
         self._bids: dict[str, BidTable] = {}
         self.rejected: dict[str, str] = {}
         self._rng = random.Random(f"{engine.seed}:{round_id}")
-        previous: dict[str, set[str]] = {}
-        for lease in expired:
-            if lease.app in engine.apps:
-                previous.setdefault(lease.app, set()).add(lease.gpu)
-        self.previous = {app: frozenset(g) for app, g in previous.items()}
+
+    def held_at_open(self, app: str) -> frozenset[str]:
+        """What the app held as the round opened: its leases, and those that ran out at this round
+        (it runs on them until the round decides, D13)."""
+        return self.engine.held(app) | self.previous.get(app, frozenset())
 
     def report(self, app: str, report: RhoReport) -> None:
         if app not in self.engine.apps:
@@ -425,8 +431,15 @@ class OpenRound:
         rho, demand = report.rho, report.demand
         if not isinstance(rho, (int, float)) or math.isnan(rho) or not rho > 0:
             raise InvalidReport(f"{app!r}: rho must be > 0 (or infinity), got {rho!r}")
+        held = len(self.held_at_open(app))
+        if math.isinf(rho) and held:
+            raise InvalidReport(f"{app!r}: rho must be finite for an app that holds {held} GPU(s) (D13); "
+                                "infinity means holding nothing")
         if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
             raise InvalidReport(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
+        wait = report.rho_wait
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or math.isnan(wait) or wait < 0:
+            raise InvalidReport(f"{app!r}: rho_wait must be a number >= 0, got {wait!r}")
         self._reports[app] = report
         self.engine.apps[app].demand = demand
 
@@ -456,7 +469,7 @@ class OpenRound:
             attained={app: self.engine.attained(app, self.now) for app in self.engine.apps},
             arrived={app: state.arrived for app, state in self.engine.apps.items()},
             previous=self.previous,
-            offered=frozenset(self._offers or ()),
+            offered=tuple(self._offers or ()),
         )
 
     def offers(self) -> dict[str, Offer]:
@@ -494,6 +507,9 @@ class OpenRound:
             raise InvalidBid(app, reason)
         try:
             validate_bid(app, table, self.free)
+            held = len(self.engine.held(app))
+            if held and math.isinf(table.rho_old):
+                raise InvalidBid(app, f"rho_old must be finite for an app that holds {held} GPU(s) (D13)")
         except InvalidBid as exc:
             self.rejected[app] = exc.reason
             raise
@@ -538,7 +554,8 @@ class OpenRound:
                     self.engine.leases.grant(app, gpus, now=self.now, expires_at=expires, round_id=self.round_id)
                     made.append((app, gpus))
                     won = decision.auction.granted if decision.auction else {}
-                    source = "auction" if app in won else "leftover" if app in decision.leftover_granted else "policy"
+                    source = ("auction" if app in won else "queue" if app in decision.queue_granted
+                              else "leftover" if app in decision.leftover_granted else "policy")
                     grants.append(Grant(app, gpus, expires, self.round_id, source))
             taken = frozenset().union(*(g.gpus for g in grants)) if grants else frozenset()
             unmet_after = {a: n - len(decision.granted.get(a, ())) if decision else n for a, n in ctx.unmet.items()}
@@ -547,7 +564,7 @@ class OpenRound:
                 now=self.now,
                 offered=self.free,
                 rho={a: r.rho for a, r in self._reports.items()},
-                bidders=tuple(sorted(offers)),
+                bidders=tuple(offers),  # in the policy's order: worst rho first for Themis (D13)
                 rejected=dict(self.rejected),
                 grants=tuple(grants),
                 decision=decision,
@@ -555,6 +572,7 @@ class OpenRound:
                 unmet=dict(ctx.unmet),
                 unmet_after={a: n for a, n in unmet_after.items() if n > 0},
                 expired=self.expired,
+                granted_by=decision.granted_by() if decision else {},
             )
         except BaseException:
             self._undo(made)  # a failed round grants nothing and takes nothing away

@@ -41,7 +41,9 @@ class Offer:
 @dataclass(frozen=True)
 class RhoRequest:
     """Paper 4.2.2 step 1: "the Arbiter asks all apps for current finish-time fair metric estimates"
-    -- all apps that want more GPUs than they hold (D6). ``extras`` names the report fields beyond
+    -- all apps that want more GPUs than they hold (D6). ``held`` is what the app held as the round
+    opened, leases that ran out at this round included: it still runs on them until the round
+    decides (D13). ``extras`` names the report fields beyond
     rho and demand that the round's policy reads, so agents compute only those."""
 
     round_id: int
@@ -55,7 +57,10 @@ class RhoRequest:
 
 @dataclass(frozen=True)
 class RhoReport:
-    """An app's answer: rho with what it holds now, and how many GPUs it could use in all.
+    """An app's answer: rho with what it held as the round opened (D13), and how many GPUs it could
+    use in all. An app that held nothing reports rho = infinity and ``rho_wait``, the rho it would
+    reach with its fair share of the cluster from now on, which orders the apps that wait (D13;
+    0 when not given: such an app goes after those that say).
 
     The other fields are what the baseline policies allocate by (paper 6.1: "all apps report X"):
     ``remaining_s``, the time the app still needs if it got its whole demand, well placed
@@ -68,3 +73,4 @@ class RhoReport:
     remaining_s: float = math.inf
     slowdown: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
     loss_decrease: float = 0.0
+    rho_wait: float = 0.0

@@ -131,7 +131,7 @@ class RhoRequest(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., extras: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class RhoReport(_message.Message):
-    __slots__ = ("round_id", "app", "rho", "demand", "remaining_s", "slowdown", "loss_decrease")
+    __slots__ = ("round_id", "app", "rho", "demand", "remaining_s", "slowdown", "loss_decrease", "rho_wait")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     APP_FIELD_NUMBER: _ClassVar[int]
     RHO_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class RhoReport(_message.Message):
     REMAINING_S_FIELD_NUMBER: _ClassVar[int]
     SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     LOSS_DECREASE_FIELD_NUMBER: _ClassVar[int]
+    RHO_WAIT_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     app: str
     rho: float
@@ -146,7 +147,8 @@ class RhoReport(_message.Message):
     remaining_s: float
     slowdown: _containers.RepeatedScalarFieldContainer[float]
     loss_decrease: float
-    def __init__(self, round_id: _Optional[int] = ..., app: _Optional[str] = ..., rho: _Optional[float] = ..., demand: _Optional[int] = ..., remaining_s: _Optional[float] = ..., slowdown: _Optional[_Iterable[float]] = ..., loss_decrease: _Optional[float] = ...) -> None: ...
+    rho_wait: float
+    def __init__(self, round_id: _Optional[int] = ..., app: _Optional[str] = ..., rho: _Optional[float] = ..., demand: _Optional[int] = ..., remaining_s: _Optional[float] = ..., slowdown: _Optional[_Iterable[float]] = ..., loss_decrease: _Optional[float] = ..., rho_wait: _Optional[float] = ...) -> None: ...
 
 class Offer(_message.Message):
     __slots__ = ("round_id", "gpus", "now", "n_avg", "cluster_size", "deadline", "held", "previous")

@@ -62,7 +62,7 @@ def offer(msg: pb.Offer) -> Offer:
 def report_pb(report: RhoReport, round_id: int, app: str) -> pb.RhoReport:
     return pb.RhoReport(round_id=round_id, app=app, rho=report.rho, demand=report.demand,
                         remaining_s=report.remaining_s, slowdown=list(report.slowdown),
-                        loss_decrease=report.loss_decrease)
+                        loss_decrease=report.loss_decrease, rho_wait=report.rho_wait)
 
 
 def report(msg: pb.RhoReport) -> RhoReport:
@@ -71,7 +71,7 @@ def report(msg: pb.RhoReport) -> RhoReport:
     if len(slowdown) != 4 or any(not (s >= 1.0 and math.isfinite(s)) for s in slowdown):
         raise WireError(f"slowdown must be 4 finite numbers >= 1 (one per D1 level), got {list(msg.slowdown)}")
     return RhoReport(msg.rho, msg.demand, remaining_s=msg.remaining_s, slowdown=slowdown,  # type: ignore[arg-type]
-                     loss_decrease=msg.loss_decrease)
+                     loss_decrease=msg.loss_decrease, rho_wait=msg.rho_wait)
 
 
 def bid_pb(table: BidTable, round_id: int, app: str) -> pb.Bid:

@@ -47,10 +47,20 @@ def simulate(
     show_progress: bool = True,
     workload_knobs: dict[str, Any] | None = None,
     agent_factory=None,
+    strategy: tuple[str, float, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """One simulation, returned as its summary (the unit every command and experiment uses)."""
+    """One simulation, returned as its summary (the unit every command and experiment uses).
+
+    ``strategy`` = (name, level, apps) makes those apps bid through ``simulator.strategic`` (``"*"``
+    for every app); unlike ``agent_factory`` it can be sent to another process."""
     the_cluster = load_cluster(cluster)
     the_workload = load_workload(workload, seed=seed, **(workload_knobs or {}))
+    if strategy is not None:
+        from simulator.strategic import liar_factory
+
+        name, level, liars = strategy
+        chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
+        agent_factory = liar_factory(chosen, name, level, seed)
     options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
@@ -75,33 +85,74 @@ def simulate(
 
 
 HEADLINE = [
-    ("policy", "policy", "{}"),
-    ("max rho", "max_rho", "{:.2f}"),
-    ("mean rho", "mean_rho", "{:.2f}"),
-    ("Jain(rho)", "jain_rho", "{:.3f}"),
-    ("rho<=1", "share_rho_le_1", "{:.0%}"),
-    ("avg JCT (h)", "avg_jct", "{:.2f}"),
-    ("GPU time (h)", "gpu_time", "{:.1f}"),
-    ("placement", "mean_placement_score", "{:.3f}"),
-    ("makespan (h)", "makespan", "{:.1f}"),
-    ("rounds", "rounds", "{}"),
-    ("wall (s)", "wall_seconds", "{:.1f}"),
+    ("policy", "policy", "{}", 1.0),
+    ("max rho", "max_rho", "{:.2f}", 1.0),
+    ("max, Tid>=10m", "max_rho_floor", "{:.2f}", 1.0),
+    ("p99", "p99_rho", "{:.2f}", 1.0),
+    ("mean", "mean_rho", "{:.2f}", 1.0),
+    ("Jain", "jain_rho", "{:.3f}", 1.0),
+    ("max rho_sh", "max_rho_share", "{:.2f}", 1.0),
+    ("rho_sh>1", "share_rho_share_gt_1", "{:.0%}", 1.0),
+    ("JCT h", "avg_jct", "{:.2f}", 3600.0),
+    ("GPU h", "gpu_time", "{:.0f}", 3600.0),
+    ("place", "mean_placement_score", "{:.3f}", 1.0),
+    ("rst/job", "restarts_per_job", "{:.1f}", 1.0),
+    ("by bids", "by_bids", "{:.0%}", 1.0),
+    ("wall s", "wall_seconds", "{:.0f}", 1.0),
 ]
 
 
+def _by_bids(s: dict[str, Any]) -> dict[str, Any] | float | None:
+    """GPUs placed by bids (auction and reserve, D9 D14) in rounds with bidders; None for a policy
+    without an auction."""
+    if s.get("policy") != "themis":
+        return None
+    a, q = s["share_auction"], s["share_queue"]
+    if isinstance(a, dict):
+        values = [x + y for x, y in zip(a["values"], q["values"])]
+        from simulator.seeds import interval
+
+        return interval(values)
+    return a + q
+
+
 def summary_table(summaries: Sequence[dict[str, Any]], title: str) -> Table:
+    """One row per policy; a metric aggregated over seeds shows 'mean±95% half-width'. rho_sh is the
+    contention-normalised rho (time on a dedicated 1/N_avg share); 'by bids' the share of GPUs the
+    auction and the reserve placed in rounds with bidders (D9, D14)."""
+    from simulator.seeds import fmt
+
     table = Table(title=title)
-    for name, _, _ in HEADLINE:
+    for name, _, _, _ in HEADLINE:
         table.add_column(name, justify="right")
     for s in summaries:
         cells = []
-        for _, key, fmt in HEADLINE:
-            value = s[key]
-            if key in ("avg_jct", "gpu_time", "makespan"):
-                value = value / 3600
-            cells.append(fmt.format(value))
+        for _, key, spec, scale in HEADLINE:
+            value = _by_bids(s) if key == "by_bids" else s.get(key)
+            cells.append("-" if value is None else value if key == "policy" else fmt(value, spec, scale))
         table.add_row(*cells)
     return table
+
+
+def simulate_quietly(**kw: Any) -> dict[str, Any]:
+    """``simulate`` without a progress bar (for worker processes)."""
+    return simulate(show_progress=False, **kw)
+
+
+def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int | None,
+              label: str) -> list[list[dict[str, Any]]]:
+    """Every run (``simulate`` keyword arguments) at every seed, in parallel processes with a
+    progress bar; per run, its summaries in seed order."""
+    from simulator.seeds import run_parallel
+
+    jobs = [{**run, "seed": seed} for run in runs for seed in seeds]
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("runs", total=len(jobs))
+        done = run_parallel(simulate_quietly, jobs, workers=workers,
+                            progress=lambda n: bar.update(task, completed=n))
+    k = len(seeds)
+    return [done[i * k:(i + 1) * k] for i in range(len(runs))]
 
 
 def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
@@ -134,24 +185,44 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from simulator.plots import compare_plots
+    from simulator.seeds import aggregate
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise SystemExit(f"themis-sim: unknown policies {unknown}; choose from {', '.join(sorted(POLICIES))}")
-    summaries = []
-    for policy in policies:
-        s = simulate(cluster=args.cluster, workload=args.workload, policy=policy,
-                     fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
-                     coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed)
-        write_summary(s, args.out / policy)
-        summaries.append(s)
-    out_console.print(summary_table(summaries, f"{args.workload} on {args.cluster}"))
-    plots = compare_plots(summaries, args.out)
+    if args.seeds < 1:
+        raise SystemExit("themis-sim: --seeds must be at least 1")
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
+                  restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window)
+    if args.seeds == 1 and (args.workers or 1) == 1:
+        per_policy = [[simulate(policy=p, seed=seeds[0], **common)] for p in policies]
+    else:
+        per_policy = run_seeds([{"policy": p, **common} for p in policies], seeds, args.workers,
+                               f"{len(policies)} policies x {len(seeds)} seeds")
+    rows = []
+    for policy, runs in zip(policies, per_policy):
+        for seed, summary in zip(seeds, runs):
+            write_summary(summary, args.out / policy if len(seeds) == 1 else args.out / policy / f"seed{seed}")
+        rows.append(runs[0] if len(seeds) == 1 else aggregate(runs))
+    title = f"{args.workload} on {args.cluster}" + (f", {len(seeds)} seeds (mean ± 95% CI)" if len(seeds) > 1 else "")
+    out_console.print(summary_table(rows, title))
+    plots = compare_plots([runs[0] for runs in per_policy], args.out, aggregated=rows if len(seeds) > 1 else None)
     (args.out / "comparison.json").write_text(json.dumps(
-        [{k: v for k, v in s.items() if k != "apps"} for s in summaries], indent=1))
+        [{k: v for k, v in s.items() if k != "apps"} for s in rows], indent=1))
     console.print("wrote " + ", ".join(str(p) for p in [args.out / "comparison.json", *plots]))
     return 0
+
+
+def _policies(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"themis-sim: unknown policies {unknown}; choose from {', '.join(sorted(POLICIES))}")
+    return names
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -159,7 +230,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     if args.name not in EXPERIMENTS:
         raise SystemExit(f"themis-sim: unknown experiment {args.name!r}; choose from {', '.join(EXPERIMENTS)}")
-    run_experiment(args.name, args.out, quick=args.quick, seed=args.seed)
+    run_experiment(args.name, args.out, quick=args.quick, seed=args.seed, seeds=args.seeds, workers=args.workers,
+                   policies=_policies(args.policies))
     return 0
 
 
@@ -167,9 +239,10 @@ def cmd_strategic(args: argparse.Namespace) -> int:
     from simulator.strategic import run_strategic
 
     levels = [float(x) for x in args.levels.split(",") if x.strip()]
-    run_strategic(strategy=args.strategy, levels=levels, liars=args.liars, cluster=args.cluster,
+    liars: int | list[str] = [a.strip() for a in args.liar.split(",")] if args.liar else args.liars
+    run_strategic(strategy=args.strategy, levels=levels, liars=liars, cluster=args.cluster,
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
-                  lease=args.lease, seeds=args.seeds)
+                  lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy)
     return 0
 
 
@@ -182,19 +255,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("compare", help="simulate several policies on the same workload")
     _add_common(p, policy=False)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
+    p.add_argument("--seeds", type=int, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
+    p.add_argument("--workers", type=int, default=None, help="processes for the seeds (default: the machine's cores)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("experiment", help="reproduce one of the paper's figures")
     p.add_argument("name")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per point: mean and 95%% interval")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
+    p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
     p.set_defaults(func=cmd_experiment)
     p = sub.add_parser("strategic", help="one or more lying apps among truthful ones (paper Fig. 15)")
-    _add_common(p, policy=False)
+    _add_common(p)
     p.add_argument("--strategy", required=True)
     p.add_argument("--levels", default="0,10,20,30,40,50,60,70,80,90,100", help="lie sizes in percent")
-    p.add_argument("--liars", type=int, default=1)
-    p.add_argument("--seeds", type=int, default=3, help="average over this many seeds")
+    p.add_argument("--liars", type=int, default=1, help="the first K apps of the workload lie")
+    p.add_argument("--liar", default=None, help="comma-separated app ids that lie (instead of --liars)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds: mean and 95%% interval")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
     try:

@@ -60,6 +60,8 @@ class AppRun:
     scored: float = 0.0  # sum of busy GPU-seconds / S
     restarts: int = 0
     next_checkpoint: dict[str, float] = field(default_factory=dict)
+    auction_wins: int = 0  # rounds in which the auction's PF gave it a row (D8)
+    kept_sum: float = 0.0  # sum of its c_i over those rounds: 1 - c_i was its hidden payment
 
 
 @dataclass
@@ -74,6 +76,8 @@ class SimulationResult:
     wall_seconds: float
     cluster_size: int
     round_results: list[RoundResult] = field(default_factory=list)
+    granted_by: dict[str, int] = field(default_factory=dict)  # GPUs per source, in rounds with bidders
+    noncanonical: int = 0  # auctions whose allocation was the MILP's own, not the canonical one (D16)
 
 
 class Simulation:
@@ -102,7 +106,7 @@ class Simulation:
             cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, expiry_window_s=expiry_window_s, seed=seed
         )
         self.profiles = profiles or load_profiles()
-        self.agent_factory = agent_factory or (lambda spec, app: Agent(app))
+        self.agent_factory = agent_factory or (lambda spec, app: Agent(app, name=spec.app_id))
         self.keep_rounds = keep_rounds
         unknown = sorted({a.model for a in workload.apps} - set(self.profiles))
         if unknown:
@@ -114,7 +118,9 @@ class Simulation:
 
     def _arrive(self, spec: AppSpec) -> None:
         app = build_app(spec, self.profiles[spec.model].slowdown)
-        run = AppRun(spec, app, self.agent_factory(spec, app))
+        agent = self.agent_factory(spec, app)
+        agent.restart_s = self.restart_s  # what its jobs pay to move here (D11); its bids carry it (D17)
+        run = AppRun(spec, app, agent)
         if isinstance(app, SimCurveStoppingApp):
             step = checkpoint_every(spec)
             run.next_checkpoint = {j.job_id: step for j in spec.jobs}
@@ -137,13 +143,49 @@ class Simulation:
         waiting = sorted((j for j in jobs if j not in running), key=lambda j: -j.iters_remaining * j.iter_time_serial)
         return {j.job_id: 1 for j in (running + waiting)[:n_gpus]}
 
+    def _keep_targets(self, run: AppRun, jobs: list[JobInfo], held: set[str]) -> dict[str, int]:
+        """The split that moves nobody: running jobs whose GPUs are all still held keep them, and
+        the other GPUs are split (D3) among the jobs that have none."""
+        keep: dict[str, int] = {}
+        for job in jobs:
+            mine = run.jobs[job.job_id].gpus if job.job_id in run.jobs else ()
+            if mine and set(mine) <= held:
+                keep[job.job_id] = len(mine)
+        rest = [j for j in jobs if j.job_id not in keep]
+        spare = len(held) - sum(keep.values())
+        if rest and spare > 0:
+            keep.update(self._targets(run, rest, spare))
+        return keep
+
+    def _phase_end(self, run: AppRun, jobs: list[JobInfo], targets: dict[str, int]) -> float:
+        """When the app's current jobs would all be done under ``targets`` (D3's phase time), with
+        the restart each moved job pays (D11) and its slowdown guessed one machine wide."""
+        worst = 0.0
+        for job in jobs:
+            n = targets.get(job.job_id, 0)
+            if n <= 0:
+                return math.inf
+            jr = run.jobs.get(job.job_id)
+            same = jr is not None and len(jr.gpus) == n
+            slowdown = jr.slowdown if same else (job.slowdown[1] if n > 1 else 1.0)
+            delay = 0.0 if same or jr is None or not jr.started else self.restart_s
+            worst = max(worst, delay + job.iters_remaining * job.iter_time_serial * slowdown / min(n, job.demand_max))
+        return worst
+
     def _place(self, name: str) -> None:
         """Give the app's GPUs to its jobs (D3). A job that may keep its GPUs keeps them; jobs
-        whose share changed get the best-placed GPUs left, biggest shares first."""
+        whose share changed get the best-placed GPUs left, biggest shares first. When the app's GPUs
+        grew, its jobs are re-split only if that finishes them sooner than leaving the running
+        ones where they are, restarts included (D11): an even split that moves every job for one
+        more GPU each costs more than it gains near the end of a phase."""
         run = self.runs[name]
         held = set(self.engine.held(name))
         jobs = self._current_jobs(run.app)
         targets = self._targets(run, jobs, len(held))
+        if self.restart_s and len(held) >= len(jobs):
+            keep = self._keep_targets(run, jobs, held)
+            if keep != targets and self._phase_end(run, jobs, keep) <= self._phase_end(run, jobs, targets):
+                targets = keep
         assigned: dict[str, tuple[str, ...]] = {}
         for job in jobs:
             mine = run.jobs[job.job_id].gpus if job.job_id in run.jobs else ()
@@ -281,7 +323,8 @@ class Simulation:
         wall = time.perf_counter()
         arrivals = sorted(self.workload.apps, key=lambda a: (a.arrival_s, a.app_id))
         nxt = 0
-        rounds = auctions = 0
+        rounds = auctions = noncanonical = 0
+        granted_by: dict[str, int] = {}
         kept: list[RoundResult] = []
         while True:
             candidates = []
@@ -315,7 +358,16 @@ class Simulation:
             if self.engine.round_due(self.now):
                 result = self.engine.run_round(self.now, {a: self.runs[a].agent for a in self.engine.apps})
                 rounds += 1
-                auctions += result.decision is not None and result.decision.auction is not None
+                outcome = result.decision.auction if result.decision is not None else None
+                auctions += outcome is not None
+                noncanonical += outcome is not None and not outcome.canonical
+                if outcome is not None:
+                    for app in outcome.pf:
+                        self.runs[app].auction_wins += 1
+                        self.runs[app].kept_sum += outcome.hidden_payment[app]
+                if result.bidders:
+                    for source, n in result.granted_by.items():
+                        granted_by[source] = granted_by.get(source, 0) + n
                 changed = {lease.app for lease in result.expired} | {g.app for g in result.grants}
                 for name in sorted(changed & set(self.engine.apps)):
                     self._place(name)
@@ -337,7 +389,19 @@ class Simulation:
             wall_seconds=time.perf_counter() - wall,
             cluster_size=self.cluster.size,
             round_results=kept,
+            granted_by=granted_by,
+            noncanonical=noncanonical,
         )
+
+
+def share_time(run: AppRun, cluster_size: int) -> float:
+    """The app's finish time on a dedicated 1/N_avg share of the cluster: its work B on
+    min(its demand, R_C / N_avg) GPUs, time-sliced below one GPU. Eq. 1's T_id approximates this
+    by T_cluster x N_avg, which is N_avg times too long for an app that cannot use the whole
+    cluster (paper 4.3.1). For one-GPU jobs it is Shockwave's and Gavel's "time alone x
+    max(1, jobs / GPUs)" with jobs averaged over the app's life."""
+    app = run.app
+    return app.budget() / min(max(1, app.demand_max()), cluster_size / run.n_avg_at_finish)
 
 
 def app_rho(run: AppRun, cluster_size: int) -> float:

@@ -1,10 +1,18 @@
 """What a simulation run measured (paper 6.1 "Metrics"): finish-time fairness, GPU time,
-placement score, completion times.
+placement score, completion times, and where the GPUs came from.
 
-Per app: rho = (finish - arrival) / T_id with N_avg over the app's life (D5), completion time,
-GPU time (GPU-seconds held), placement score (1/S averaged over the GPU time its jobs ran), restarts.
-Per run: max / mean / median / p95 rho, Jain's index of rho, average and p95 completion time, total
-GPU time, makespan, utilization (GPU time / (cluster size x makespan)), rounds, auctions, wall time.
+Per app: rho = (finish - arrival) / T_id with N_avg over the app's life (D5); the
+contention-normalised ``rho_share`` = (finish - arrival) / (time on a dedicated 1/N_avg share of the
+cluster), which Shockwave and Gavel publish and which Eq. 1 understates for apps smaller than the
+cluster; the ideal time T_id; completion time, GPU time (GPU-seconds held), placement score (1/S
+averaged over the GPU time its jobs ran), restarts.
+
+Per run: max / mean / median / p95 / p99 rho, max rho over apps whose ideal time is at least
+``FLOOR_S`` (a one-minute app's rho is set by waiting for a round and a restart under any policy),
+Jain's index of rho, the same for rho_share, average and p95 completion time, total GPU time,
+makespan, utilization (GPU time / (cluster size x makespan)), restarts per job, rounds, auctions,
+the share of GPUs granted by the auction, by the reserve in rank order and by the random leftover
+in rounds with bidders (D8, D9, D14), auctions that were not canonical (D16), wall time.
 """
 
 from __future__ import annotations
@@ -14,7 +22,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from simulator.engine import SimulationResult, app_rho
+from agent.fairness import ideal_time
+from simulator.engine import SimulationResult, app_rho, share_time
+
+FLOOR_S = 600.0  # apps with an ideal time below this are left out of ``max_rho_floor``
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -48,10 +59,14 @@ def app_rows(result: SimulationResult) -> list[dict[str, Any]]:
                 "finish_s": run.finished_at,
                 "jct_s": run.finished_at - run.spec.arrival_s,
                 "rho": app_rho(run, result.cluster_size),
+                "rho_share": (run.finished_at - run.spec.arrival_s) / share_time(run, result.cluster_size),
+                "ideal_s": ideal_time(run.app, n_avg=run.n_avg_at_finish, cluster_size=result.cluster_size),
                 "n_avg": run.n_avg_at_finish,
                 "gpu_time_s": run.gpu_seconds,
                 "placement_score": run.scored / run.busy_gpu_seconds if run.busy_gpu_seconds else 1.0,
                 "restarts": run.restarts,
+                "auction_wins": run.auction_wins,
+                "mean_hidden_payment": 1 - run.kept_sum / run.auction_wins if run.auction_wins else 0.0,
             }
         )
     return rows
@@ -61,8 +76,12 @@ def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:
     """The run's ``summary.json``: the headline numbers first, then one row per app."""
     apps = app_rows(result)
     rho = [a["rho"] for a in apps]
+    shared = [a["rho_share"] for a in apps]
+    floored = [a["rho"] for a in apps if a["ideal_s"] >= FLOOR_S]
     jct = [a["jct_s"] for a in apps]
     gpu_time = sum(a["gpu_time_s"] for a in apps)
+    granted = sum(result.granted_by.values())
+    jobs = sum(a["jobs"] for a in apps)
     return {
         "policy": result.policy,
         "cluster": result.cluster,
@@ -73,8 +92,15 @@ def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:
         "mean_rho": statistics.fmean(rho) if rho else 0.0,
         "median_rho": statistics.median(rho) if rho else 0.0,
         "p95_rho": percentile(rho, 95),
+        "p99_rho": percentile(rho, 99),
+        "max_rho_floor": max(floored, default=0.0),
+        "floor_s": FLOOR_S,
         "jain_rho": jain_index(rho),
         "share_rho_le_1": sum(r <= 1.0 for r in rho) / len(rho) if rho else 1.0,
+        "max_rho_share": max(shared, default=0.0),
+        "mean_rho_share": statistics.fmean(shared) if shared else 0.0,
+        "share_rho_share_gt_1": sum(r > 1.0 for r in shared) / len(shared) if shared else 0.0,
+        "jain_rho_share": jain_index(shared),
         "gpu_time": gpu_time,
         "avg_jct": statistics.fmean(jct) if jct else 0.0,
         "p95_jct": percentile(jct, 95),
@@ -82,8 +108,14 @@ def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:
         "utilization": gpu_time / (result.cluster_size * result.makespan) if result.makespan else 0.0,
         "mean_placement_score": statistics.fmean(a["placement_score"] for a in apps) if apps else 1.0,
         "restarts": sum(a["restarts"] for a in apps),
+        "restarts_per_job": sum(a["restarts"] for a in apps) / jobs if jobs else 0.0,
         "rounds": result.rounds,
         "auctions": result.auctions,
+        "noncanonical_auctions": result.noncanonical,
+        "granted_by": dict(result.granted_by),
+        "share_auction": result.granted_by.get("auction", 0) / granted if granted else 0.0,
+        "share_queue": result.granted_by.get("queue", 0) / granted if granted else 0.0,
+        "share_leftover": result.granted_by.get("leftover", 0) / granted if granted else 0.0,
         "wall_seconds": result.wall_seconds,
         "apps": apps,
     }

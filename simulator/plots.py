@@ -18,8 +18,11 @@ def cdf(ax, values: Sequence[float], label: str) -> None:
     ax.step(xs, ys, where="post", label=label)
 
 
-def compare_plots(summaries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    """rho CDF, GPU time bars and placement-score CDF across policies (paper Figs. 9-11)."""
+def compare_plots(summaries: Sequence[dict[str, Any]], out: Path,
+                  aggregated: Sequence[dict[str, Any]] | None = None) -> list[Path]:
+    """rho CDF, GPU time bars and placement-score CDF across policies (paper Figs. 9-11). The CDFs
+    are of the first seed's run; with ``aggregated`` (one multi-seed aggregate per policy,
+    ``simulator.seeds.aggregate``) the bars carry 95% intervals."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -36,10 +39,28 @@ def compare_plots(summaries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     names = [s["policy"] for s in summaries]
-    ax.bar(names, [s["gpu_time"] / 3600 for s in summaries], color="tab:blue")
+    if aggregated:
+        means = [a["gpu_time"]["mean"] / 3600 for a in aggregated]
+        halves = [a["gpu_time"]["half"] / 3600 for a in aggregated]
+        ax.bar(names, means, yerr=halves, capsize=4, color="tab:blue")
+        ax.set_title(f"GPU time, mean and 95% interval over {len(aggregated[0]['seeds'])} seeds")
+    else:
+        ax.bar(names, [s["gpu_time"] / 3600 for s in summaries], color="tab:blue")
+        ax.set_title("GPU time (lower is more efficient)")
     ax.set_ylabel("total GPU time (GPU-hours)")
-    ax.set_title("GPU time (lower is more efficient)")
     paths.append(_save(fig, out / "gpu_time.png"))
+    if aggregated:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for k, (key, label) in enumerate((("max_rho", "max rho"), ("max_rho_floor", "max rho, T_id >= 10 min"),
+                                          ("p99_rho", "p99 rho"))):
+            xs = [i + (k - 1) * 0.25 for i in range(len(names))]
+            ax.bar(xs, [a[key]["mean"] for a in aggregated], width=0.25, label=label,
+                   yerr=[a[key]["half"] for a in aggregated], capsize=3)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel("finish-time fairness rho")
+        ax.set_title("worst rho, mean and 95% interval over seeds")
+        ax.legend()
+        paths.append(_save(fig, out / "max_rho.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in summaries:
@@ -53,10 +74,16 @@ def compare_plots(summaries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def line_plot(out: Path, x: Sequence[float], series: dict[str, Sequence[float]], *, xlabel: str, ylabel: str,
-              title: str) -> Path:
+              title: str, errors: dict[str, Sequence[float]] | None = None, log_y: bool = False) -> Path:
+    """One line per series; ``errors`` (half-widths of 95% intervals, by series) draws error bars."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, ys in series.items():
-        ax.plot(x, ys, marker="o", label=label)
+        if errors and label in errors:
+            ax.errorbar(x, ys, yerr=errors[label], marker="o", capsize=3, label=label)
+        else:
+            ax.plot(x, ys, marker="o", label=label)
+    if log_y:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -9,6 +9,11 @@ agent's truthful view into what it sends, at a lie size ``level`` in percent. Th
 * ``hide-rows``: drops the X% of its bid rows it likes least (bids only for what it wants most).
 * ``noisy``: every rho it sends is off by a uniform random error within +-X% (paper Fig. 14's
   bid estimation error; not a lie, an inaccurate profiler).
+* ``understate-rho`` / ``overstate-rho``: every row's rho scaled by (1 - X%) / (1 + X%).
+* ``inflate-rho-old``: the bid's empty row claims a rho X% worse than the truth.
+* ``biggest-rows`` / ``single-gpu-rows``: only the rows with the most GPUs / with one GPU.
+* ``report-inf``: reports rho = infinity and bids rho_old = infinity (the arbiter refuses both from
+  an app that holds GPUs, D13).
 
 Lies change only what the agent says: the simulator still runs its jobs at their true speed.
 ``run_strategic`` is the study of paper Figure 15: K liars among truthful apps, per level.
@@ -17,6 +22,7 @@ Lies change only what the agent says: the simulator still runs its jobs at their
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from abc import ABC
@@ -44,6 +50,8 @@ class BiddingStrategy(ABC):
     """How an agent bends its bids. ``level`` is the lie size in percent."""
 
     name: ClassVar[str]
+    #: the strategy also reports rho = infinity in step 1 (D13 refuses that from a holder)
+    claims_infinity: ClassVar[bool] = False
 
     def __init__(self, level: float, seed: int | str = 0):
         if level < 0:
@@ -115,6 +123,56 @@ class Noisy(BiddingStrategy):
 
 
 @strategy
+class UnderstateRho(BiddingStrategy):
+    name = "understate-rho"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        return BidTable(bid.rho_old, tuple((g, rho * max(0.01, 1 - self.x)) for g, rho in bid.rows))
+
+
+@strategy
+class OverstateRho(BiddingStrategy):
+    name = "overstate-rho"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        return BidTable(bid.rho_old, tuple((g, rho * (1 + self.x)) for g, rho in bid.rows))
+
+
+@strategy
+class InflateRhoOld(BiddingStrategy):
+    name = "inflate-rho-old"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        return BidTable(bid.rho_old * (1 + self.x), bid.rows)
+
+
+@strategy
+class BiggestRows(BiddingStrategy):
+    name = "biggest-rows"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        most = max((len(g) for g, _ in bid.rows), default=0)
+        return BidTable(bid.rho_old, tuple(r for r in bid.rows if len(r[0]) == most))
+
+
+@strategy
+class SingleGpuRows(BiddingStrategy):
+    name = "single-gpu-rows"
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        return BidTable(bid.rho_old, tuple(r for r in bid.rows if len(r[0]) == 1))
+
+
+@strategy
+class ReportInf(BiddingStrategy):
+    name = "report-inf"
+    claims_infinity = True
+
+    def adjust(self, bid: BidTable) -> BidTable:
+        return BidTable(math.inf, bid.rows)
+
+
+@strategy
 class Truthful(BiddingStrategy):
     name = "truthful"
 
@@ -168,19 +226,21 @@ class _DescribedCurve(_Described, CurveStoppingScheduler):
 class StrategicAgent(Agent):
     """An agent that reports and bids through a strategy (its jobs still run truthfully)."""
 
-    def __init__(self, app: AppScheduler, plan: BiddingStrategy):
-        super().__init__(app)
+    def __init__(self, app: AppScheduler, plan: BiddingStrategy, name: str = "", restart_s: float = 0.0):
+        super().__init__(app, name=name, restart_s=restart_s)
         self.plan = plan
 
     def report(self, request: RhoRequest) -> RhoReport:
         truthful_app, self.app = self.app, self.plan.view(self.app)
         try:
-            return super().report(request)
+            answer = super().report(request)
         finally:
             self.app = truthful_app
+        return replace(answer, rho=math.inf) if self.plan.claims_infinity else answer
 
     def bid(self, offer: Offer) -> BidTable:
-        return self.plan.adjust(make_bid(self.plan.view(self.app), offer, alternatives=self.alternatives))
+        return self.plan.adjust(make_bid(self.plan.view(self.app), offer, alternatives=self.alternatives,
+                                         salt=self.name, restart_s=self.restart_s))
 
 
 def make_strategy(name: str, level: float, seed: int | str = 0) -> BiddingStrategy:
@@ -195,77 +255,100 @@ def liar_factory(liars: set[str], name: str, level: float, seed: int = 0):
 
     def make(spec: AppSpec, app: AppScheduler) -> Agent:
         if spec.app_id in liars:
-            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"))
-        return Agent(app)
+            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"), spec.app_id)
+        return Agent(app, name=spec.app_id)
 
     return make
 
 
-def run_strategic(*, strategy: str, levels: Sequence[float], liars: int, cluster: str, workload: str, seed: int,
-                  out: Path, fairness_knob: float = 0.8, lease: float = 600.0, seeds: int = 1) -> dict[str, Any]:
+def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequence[str], cluster: str,
+                  workload: str, seed: int, out: Path, fairness_knob: float = 0.8, lease: float = 600.0,
+                  seeds: int = 5, workers: int | None = None, policy: str = "themis") -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
-    truthful (level 0 with the same seed), and the truthful apps' average; averaged over
-    ``seeds`` seeds (seed, seed + 1, ...), since one auction's randomness can swing one app."""
-    from simulator.cli import simulate
+    truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
+    (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
+    the per-seed values, the share of seeds in which the liars finished sooner, and the liars'
+    hidden payments (1 - c_i over their auction wins, D8). ``liars`` is how many of the workload's
+    first apps lie, or their ids; ``policy`` is the arbiter's policy (lies only matter to Themis)."""
+    from simulator.cli import run_seeds
     from simulator.plots import line_plot
+    from simulator.seeds import interval
     from simulator.workloads import load_workload
 
     make_strategy(strategy, 0)
     apps = [a.app_id for a in load_workload(workload, seed=seed).apps]
-    if not 1 <= liars < len(apps):
-        raise ValueError(f"--liars must be between 1 and {len(apps) - 1} for this workload")
-    chosen = set(apps[:liars])
-    per_level: dict[float, list[dict[str, float]]] = {}
-    for run_seed in range(seed, seed + seeds):
-        for level in [0.0, *[lv for lv in levels if lv != 0]]:
-            summary = simulate(cluster=cluster, workload=workload, policy="themis", fairness_knob=fairness_knob,
-                               lease=lease, seed=run_seed, show_progress=False,
-                               agent_factory=liar_factory(chosen, strategy, level, run_seed))
-            lied = [a for a in summary["apps"] if a["app"] in chosen]
-            honest = [a for a in summary["apps"] if a["app"] not in chosen]
-            per_level.setdefault(level, []).append({
-                "liar_jct_s": statistics.fmean(a["jct_s"] for a in lied),
-                "liar_rho": statistics.fmean(a["rho"] for a in lied),
-                "truthful_jct_s": statistics.fmean(a["jct_s"] for a in honest),
-                "truthful_rho": statistics.fmean(a["rho"] for a in honest),
-                "max_rho": summary["max_rho"],
-                "gpu_time": summary["gpu_time"],
-            })
-    base = per_level[0.0]
+    if isinstance(liars, int):
+        if not 1 <= liars < len(apps):
+            raise ValueError(f"--liars must be between 1 and {len(apps) - 1} for this workload")
+        chosen = set(apps[:liars])
+    else:
+        chosen = set(liars)
+        unknown = sorted(chosen - set(apps))
+        if unknown or not chosen or chosen == set(apps):
+            raise ValueError(f"liars must be some but not all of the workload's apps; unknown: {unknown[:5]}")
+    all_levels = [0.0, *[lv for lv in levels if lv != 0]]
+    runs = [{"cluster": cluster, "workload": workload, "policy": policy, "fairness_knob": fairness_knob,
+             "lease": lease, "strategy": (strategy, level, tuple(sorted(chosen)))} for level in all_levels]
+    seed_list = list(range(seed, seed + seeds))
+    per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds")
+
+    def measure(summary: dict[str, Any]) -> dict[str, float]:
+        lied = [a for a in summary["apps"] if a["app"] in chosen]
+        honest = [a for a in summary["apps"] if a["app"] not in chosen]
+        wins = sum(a["auction_wins"] for a in lied)
+        return {
+            "liar_jct_s": statistics.fmean(a["jct_s"] for a in lied),
+            "liar_rho": statistics.fmean(a["rho"] for a in lied),
+            "liar_hidden_payment": (sum(a["mean_hidden_payment"] * a["auction_wins"] for a in lied) / wins
+                                    if wins else 0.0),
+            "liar_auction_wins": float(wins),
+            "truthful_jct_s": statistics.fmean(a["jct_s"] for a in honest),
+            "truthful_rho": statistics.fmean(a["rho"] for a in honest),
+            "max_rho": summary["max_rho"],
+            "gpu_time": summary["gpu_time"],
+        }
+
+    measured = [[measure(s) for s in level_runs] for level_runs in per_level_runs]
+    base = measured[0]
     points = []
-    for level, runs in per_level.items():
-        point: dict[str, Any] = {"level": level, "seeds": len(runs)}
-        for key in runs[0]:
-            point[key] = statistics.fmean(r[key] for r in runs)
-        point["liar_jct_vs_truthful"] = statistics.fmean(r["liar_jct_s"] / b["liar_jct_s"] for r, b in zip(runs, base))
-        point["others_jct_vs_truthful"] = statistics.fmean(
-            r["truthful_jct_s"] / b["truthful_jct_s"] for r, b in zip(runs, base))
-        point["liar_faster_in"] = sum(r["liar_jct_s"] < b["liar_jct_s"] - 1e-6 for r, b in zip(runs, base))
-        point["liar_slower_in"] = sum(r["liar_jct_s"] > b["liar_jct_s"] + 1e-6 for r, b in zip(runs, base))
-        point["liar_jct_ratio_range"] = [min(r["liar_jct_s"] / b["liar_jct_s"] for r, b in zip(runs, base)),
-                                         max(r["liar_jct_s"] / b["liar_jct_s"] for r, b in zip(runs, base))]
+    for level, rows in zip(all_levels, measured):
+        ratio = [r["liar_jct_s"] / b["liar_jct_s"] for r, b in zip(rows, base)]
+        others = [r["truthful_jct_s"] / b["truthful_jct_s"] for r, b in zip(rows, base)]
+        point: dict[str, Any] = {"level": level, "seeds": len(rows)}
+        for key in rows[0]:
+            point[key] = interval([r[key] for r in rows])
+        point["liar_jct_vs_truthful"] = interval(ratio)
+        point["others_jct_vs_truthful"] = interval(others)
+        point["liar_faster_in"] = sum(x < 1 - 1e-9 for x in ratio)
+        point["liar_slower_in"] = sum(x > 1 + 1e-9 for x in ratio)
+        point["share_seeds_liar_gained"] = point["liar_faster_in"] / len(rows)
         points.append(point)
     points.sort(key=lambda p: p["level"])
-    result = {"strategy": strategy, "liars": sorted(chosen), "cluster": cluster, "workload": workload,
-              "seed": seed, "seeds": seeds, "points": points}
+    result = {"strategy": strategy, "policy": policy, "liars": sorted(chosen), "cluster": cluster,
+              "workload": workload, "seeds": seed_list, "points": points}
     out.mkdir(parents=True, exist_ok=True)
     (out / "strategic.json").write_text(json.dumps(result, indent=1))
     xs = [p["level"] for p in points]
     line_plot(out / "strategic.png", xs,
-              {"liar JCT / truthful": [p["liar_jct_vs_truthful"] for p in points],
-               "other apps' JCT / truthful": [p["others_jct_vs_truthful"] for p in points]},
+              {"liar JCT / truthful": [p["liar_jct_vs_truthful"]["mean"] for p in points],
+               "other apps' JCT / truthful": [p["others_jct_vs_truthful"]["mean"] for p in points]},
+              errors={"liar JCT / truthful": [p["liar_jct_vs_truthful"]["half"] for p in points],
+                      "other apps' JCT / truthful": [p["others_jct_vs_truthful"]["half"] for p in points]},
               xlabel=f"lie size X (%) -- {strategy}", ylabel="completion time relative to X = 0",
-              title=f"Strategic bidding: {len(chosen)} liar(s) on {cluster}")
+              title=f"Strategic bidding: {len(chosen)} liar(s) on {cluster}, {policy}, {seeds} seeds")
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{strategy}: {len(chosen)} liar(s), {workload} on {cluster}")
-    for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "faster / slower in", "liar rho",
+    from simulator.seeds import fmt
+
+    table = Table(title=f"{strategy}: liar(s) {', '.join(sorted(chosen))[:60]}, {workload} on {cluster}, {policy}, "
+                        f"{seeds} seeds (mean ± 95% CI)")
+    for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "sooner in", "later in", "liar hidden payment",
                 "others JCT / truthful"):
         table.add_column(col, justify="right")
     for p in points:
-        table.add_row(f"{p['level']:.0f}", f"{p['liar_jct_s'] / 3600:.2f}", f"{p['liar_jct_vs_truthful']:.3f}",
-                      f"{p['liar_faster_in']} / {p['liar_slower_in']} of {p['seeds']}", f"{p['liar_rho']:.2f}",
-                      f"{p['others_jct_vs_truthful']:.3f}")
-    Console(width=160).print(table)
+        table.add_row(f"{p['level']:.0f}", fmt(p["liar_jct_s"], "{:.2f}", 3600.0), fmt(p["liar_jct_vs_truthful"], "{:.3f}"),
+                      f"{p['liar_faster_in']} of {p['seeds']}", f"{p['liar_slower_in']} of {p['seeds']}",
+                      fmt(p["liar_hidden_payment"], "{:.3f}"), fmt(p["others_jct_vs_truthful"], "{:.3f}"))
+    Console(width=180).print(table)
     return result

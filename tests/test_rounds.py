@@ -56,6 +56,7 @@ def drive(seed: int, n_apps: int = 12, lease_s: float = 300.0, f: float = 0.8):
     agents = {name: Agent(app) for name, app in apps.items()}
     holder: dict[str, str] = {}  # our own record of who holds each GPU, from grants/expiries/releases
     results = []
+    held_after: dict[int, dict[str, frozenset[str]]] = {}
     now = 0.0
     while (pending or engine.apps) and now < 200_000:
         while pending and pending[0][1] <= now:
@@ -69,6 +70,7 @@ def drive(seed: int, n_apps: int = 12, lease_s: float = 300.0, f: float = 0.8):
                     assert gpu not in holder, f"{gpu} granted to {g.app} while {holder.get(gpu)} holds it"
                     holder[gpu] = g.app
             results.append(r)
+            held_after[r.round_id] = {a: engine.held(a) for a in engine.apps}
         for name in sorted(engine.apps):
             assert {g for g, a in holder.items() if a == name} == engine.held(name)
             held = [cluster.position(g) for g in sorted(engine.held(name))]
@@ -79,12 +81,17 @@ def drive(seed: int, n_apps: int = 12, lease_s: float = 300.0, f: float = 0.8):
                 for gpu in engine.remove_app(name, now + STEP):
                     assert holder.pop(gpu) == name
         now += STEP
-    return engine, apps, results
+    return engine, apps, results, held_after
 
 
 @pytest.fixture(scope="module")
-def run():
+def driven():
     return drive(seed=5)
+
+
+@pytest.fixture(scope="module")
+def run(driven):
+    return driven[:3]
 
 
 def test_every_app_finishes_and_rounds_happen(run):
@@ -95,10 +102,21 @@ def test_every_app_finishes_and_rounds_happen(run):
     assert len(engine.leases) == 0
 
 
-def test_no_gpu_idle_while_an_app_has_unmet_demand(run):
-    _, _, results = run
+def test_no_gpu_idle_while_an_app_that_could_take_it_has_unmet_demand(driven):
+    """D9: leftover GPUs go to every app that wants more and got nothing yet this round, inside the
+    container of what it keeps (a GPU further out would slow its job down)."""
+    engine, _, results, held_after = driven
+    cluster = engine.cluster
     for r in results:
-        assert not (r.idle and r.unmet_after), f"round {r.round_id}: {len(r.idle)} idle, unmet {r.unmet_after}"
+        if not (r.idle and r.unmet_after):
+            continue
+        got = {g.app for g in r.grants}
+        for app in set(r.unmet_after) - got - set(r.rejected):
+            kept = {cluster.position(g) for g in held_after[r.round_id].get(app, ())}
+            assert kept, f"round {r.round_id}: {app} holds nothing, wants more, and {len(r.idle)} GPUs are idle"
+            for g in r.idle:
+                p = cluster.position(g)
+                assert not all(k[:2] == p[:2] for k in kept), f"round {r.round_id}: {g} idle next to {app}'s GPUs"
 
 
 def test_leases_expire_and_their_gpus_are_offered_again(run):
@@ -110,17 +128,25 @@ def test_leases_expire_and_their_gpus_are_offered_again(run):
         assert all(lease.expires_at <= r.now for lease in r.expired)
 
 
-def test_bidders_are_the_worst_rho_apps(run):
+def test_the_offer_goes_to_the_worst_rho_apps_and_a_reserve_after_them(run):
+    """D6, D13, D14: the apps offered GPUs are a prefix of the rank order (rho, highest first); the
+    first ceil((1 - f) N) are the auction's bidders, the rest a reserve whose demand, without its
+    last app, fell short of the free GPUs."""
     _, _, results = run
-    filtered = 0
+    filtered = reserved = 0
     for r in results:
         if not r.bidders:
             continue
         others = [r.rho[a] for a in r.unmet if a not in r.bidders]
         assert all(r.rho[b] >= max(others, default=0) for b in r.bidders)
-        assert len(r.bidders) == max(1, math.ceil(0.2 * len(r.unmet) - 1e-9))
+        assert [r.rho[b] for b in r.bidders] == sorted((r.rho[b] for b in r.bidders), reverse=True)
+        stage = max(1, math.ceil(0.2 * len(r.unmet) - 1e-9))
+        assert set(r.decision.auction.contenders) <= set(r.bidders[:stage])
+        if len(r.bidders) > stage:
+            assert sum(r.unmet[a] for a in r.bidders[stage:-1]) < len(r.offered)
+            reserved += 1
         filtered += 1
-    assert filtered > 10
+    assert filtered > 10 and reserved > 0
 
 
 def test_an_app_that_loses_its_leases_is_filtered_in(run):
@@ -148,8 +174,8 @@ def test_no_app_waits_forever(run):
 
 
 def test_the_same_seed_gives_the_same_rounds():
-    _, _, a = drive(seed=9, n_apps=6)
-    _, _, b = drive(seed=9, n_apps=6)
+    _, _, a, _ = drive(seed=9, n_apps=6)
+    _, _, b, _ = drive(seed=9, n_apps=6)
     assert [(r.now, r.grants) for r in a] == [(r.now, r.grants) for r in b]
 
 
@@ -267,7 +293,10 @@ def test_only_apps_that_want_more_than_they_hold_are_asked_for_rho():
     e.set_demand("a", 3, 50)
     assert e.next_wakeup() == 51 and e.round_due(51)
     r = e.run_round(51, {"a": a, "b": b, "c": c})
-    assert list(r.rho) == ["a"] and [(g.app, len(g.gpus)) for g in r.grants] == [("a", 1)]
+    assert list(r.rho) == ["a"]
+    # it did not bid, so it may only take GPUs inside the machine of what it holds (D9)
+    machines = {e.cluster.gpus[g].machine for g in e.held("a")}
+    assert all(g.app == "a" for g in r.grants) and len(machines) == 1
     with pytest.raises(ValueError, match="demand"):
         e.set_demand("a", -1, 52)
     with pytest.raises(KeyError):
@@ -362,8 +391,10 @@ def test_a_drained_machine_gets_no_new_grants_and_an_added_one_is_offered():
     assert got == set(e.cluster.machines["r0-m0"])
     name = e.add_machine("r0", 4, 2, 5)
     assert name == "r0-m5" and e.round_due(6)
-    r = e.run_round(6, {"a": Counting(demand=6)})
-    assert {g for grant in r.grants for g in grant.gpus} == set(e.cluster.machines[name])
+    e.add_app("b", 6)
+    r = e.run_round(7, {"a": Counting(demand=6), "b": Counting(demand=4)})
+    assert set(e.cluster.machines[name]) <= r.offered
+    assert {g.app: g.gpus for g in r.grants} == {"b": frozenset(e.cluster.machines[name])}
     with pytest.raises(KeyError):
         e.drain("nowhere")
     with pytest.raises(ValueError):

@@ -50,27 +50,70 @@ def test_unknown_policy_and_experiment_are_refused(tmp_path):
 
 
 def test_strategic_study_writes_points_for_each_level(tmp_path):
-    assert main(["strategic", "--strategy", "overreport-spread", "--levels", "0,50", "--seeds", "1",
-                 "--cluster", "testbed-64", "--workload", str(TRACE), "--out", str(tmp_path)]) == 0
+    assert main(["strategic", "--strategy", "overreport-spread", "--levels", "0,50", "--seeds", "2", "--workers", "1",
+                 "--cluster", "testbed-64", "--workload", str(TRACE), "--liar", "speech", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "strategic.json").read_text())
     assert [p["level"] for p in result["points"]] == [0.0, 50.0]
-    assert result["points"][0]["liar_jct_vs_truthful"] == 1.0
+    assert result["liars"] == ["speech"] and result["policy"] == "themis" and result["seeds"] == [0, 1]
+    truthful = result["points"][0]
+    assert truthful["liar_jct_vs_truthful"]["values"] == [1.0, 1.0] and truthful["share_seeds_liar_gained"] == 0
+    assert 0 <= truthful["liar_hidden_payment"]["mean"] < 1
     assert (tmp_path / "strategic.png").exists()
 
 
 def test_experiment_fig15_quick_writes_json_and_png(tmp_path):
-    assert main(["experiment", "fig15", "--quick", "--out", str(tmp_path)]) == 0
+    assert main(["experiment", "fig15", "--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "fig15.json").read_text())
-    assert result["figure"] == "fig15" and result["seeds"] == 3
+    assert result["figure"] == "fig15" and len(result["seeds"]) == 2
     assert [p["level"] for p in result["points"]] == [0, 25, 50, 100]
+    assert all(len(p["liar_jct_vs_truthful"]["values"]) == 2 for p in result["points"])
     assert (tmp_path / "strategic.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "clusters" / "fig15-64.toml").exists()  # written with the results, not into the repo
 
 
-def test_contention_clusters_halve_and_quarter_sim_256():
+def test_contention_clusters_halve_and_quarter_sim_256(tmp_path):
     from arbiter.cluster import load_cluster
     from simulator.experiments import shrunk
 
-    assert load_cluster(shrunk(2)).size == 128
-    assert load_cluster(shrunk(4)).size == 64
-    quarter = load_cluster(shrunk(4))
+    assert load_cluster(shrunk(2, tmp_path)).size == 128
+    assert load_cluster(shrunk(4, tmp_path)).size == 64
+    quarter = load_cluster(shrunk(4, tmp_path))
     assert sorted({len(g) for g in quarter.machines.values()}) == [1, 4, 8]
+    assert shrunk(4, tmp_path).startswith(str(tmp_path))
+
+
+def test_compare_over_seeds_writes_every_seed_and_intervals(tmp_path):
+    assert main(["compare", "--cluster", "testbed-64", "--workload", str(TRACE), "--policies", "themis,fifo",
+                 "--seeds", "3", "--seed", "4", "--workers", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["policy"] for r in rows] == ["themis", "fifo"]
+    for r in rows:
+        assert r["seeds"] == [4, 5, 6]
+        per_seed = [json.loads((tmp_path / r["policy"] / f"seed{k}" / "summary.json").read_text()) for k in (4, 5, 6)]
+        stat = r["max_rho"]
+        assert stat["values"] == [s["max_rho"] for s in per_seed]
+        assert stat["ci95"][0] <= stat["mean"] <= stat["ci95"][1]
+    assert (tmp_path / "max_rho.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_summaries_say_where_gpus_came_from_and_the_contention_normalised_rho(tmp_path):
+    assert main(["run", "--cluster", "testbed-64", "--workload", str(TRACE), "--policy", "themis",
+                 "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["share_auction"] + s["share_queue"] + s["share_leftover"] == pytest.approx(1.0)
+    assert s["granted_by"]["auction"] > 0 and s["noncanonical_auctions"] == 0
+    for a in s["apps"]:
+        # time on a dedicated 1/N_avg share is never longer than Eq. 1's T_id (paper 4.3.1)
+        assert a["rho_share"] >= a["rho"] - 1e-9
+    assert s["max_rho_share"] == max(a["rho_share"] for a in s["apps"])
+    assert s["max_rho_floor"] <= s["max_rho"] and s["p99_rho"] <= s["max_rho"]
+
+
+def test_experiments_take_a_policy_list_and_seeds(tmp_path):
+    from simulator.experiments import run_experiment
+
+    result = run_experiment("fig13", tmp_path, quick=True, seeds=2, workers=2, policies=["themis", "fifo"])
+    assert set(result["policies"]) == {"themis", "fifo"}
+    point = result["policies"]["themis"]["max_rho"][0]
+    assert len(point["values"]) == 2 and point["half"] >= 0
+    assert (tmp_path / "max_rho.png").read_bytes()[:4] == b"\x89PNG"

@@ -35,16 +35,29 @@ class RoundContext:
     attained: Mapping[str, float] = field(default_factory=dict)  # GPU-seconds held so far (LAS)
     arrived: Mapping[str, float] = field(default_factory=dict)  # arrival times (FIFO)
     previous: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPUs whose lease just ran out
-    offered: frozenset[str] = frozenset()  # apps that got this round's offer (D6)
+    offered: tuple[str, ...] = ()  # apps that got this round's offer, in the policy's order (D6, D13)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """A policy's answer for one round: grants per app, and how they came about."""
+    """A policy's answer for one round: grants per app, and how they came about: won in the
+    auction, taken by unserved bidders in rank order (``queue_granted``, D9's first tier), or handed
+    out at random (``leftover_granted``)."""
 
     granted: Mapping[str, frozenset[str]]
     auction: AuctionOutcome | None = None
     leftover_granted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    queue_granted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def granted_by(self) -> dict[str, int]:
+        """GPUs granted per source: ``auction``, ``queue``, ``leftover`` and ``policy`` (a
+        baseline's own order)."""
+        won = self.auction.granted if self.auction else {}
+        counts = {"auction": sum(map(len, won.values())),
+                  "queue": sum(map(len, self.queue_granted.values())),
+                  "leftover": sum(map(len, self.leftover_granted.values()))}
+        counts["policy"] = sum(map(len, self.granted.values())) - sum(counts.values())
+        return counts
 
 
 class Policy(ABC):

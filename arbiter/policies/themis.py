@@ -1,55 +1,115 @@
-"""Themis's finish-time fair policy (paper Pseudocode 1, roundByRoundAuctions; D6, D8, D9).
+"""Themis's finish-time fair policy (paper Pseudocode 1, roundByRoundAuctions; D6, D8, D9, D13, D14).
 
-Filter: the worst ceil((1 - f) N) apps by current rho bid, at least one (D6). Auction: the
-partial-allocation mechanism (D8). Leftover: at random to the apps that did not bid (D9).
+Rank: apps by their current rho, worst first; apps holding nothing (rho = infinity) first, in the
+order of their waiting rho, which grows while they wait (D13). Filter: the worst ceil((1 - f) N)
+are the auction's bidders, at least one (D6). The offer also goes to the next apps in rank order
+until their own unmet demand covers the free GPUs (D14), so that what the auction leaves -- its
+hidden payments, GPUs nobody's row took -- is placed by bids too. Auction: the
+partial-allocation mechanism over the filtered apps in rank order (D8, D15). Leftover: the reserve,
+in rank order, each take the row of their bid they value most among what is left; only what
+nobody's bid takes goes to the other apps at random (D9).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from arbiter.auction import DEFAULT_SOLVER, run_auction
-from arbiter.leftover import hand_out_leftover
+from arbiter.leftover import hand_out_leftover, serve_queue
 from arbiter.policies.base import Decision, Policy, RoundContext
 from protos.messages import BidTable
 
 DEFAULT_FAIRNESS_KNOB = 0.8
 
 
-def filter_worst(rho: Mapping[str, float], fairness_knob: float, rng: random.Random | None = None) -> list[str]:
-    """D6: apps sorted worst (highest rho) first; the first ceil((1 - f) N), at least one.
+def worst_first(
+    rho: Mapping[str, float], rng: random.Random | None = None, waiting: Mapping[str, float] | None = None
+) -> list[str]:
+    """D13: apps by rho, highest first; among apps at rho = infinity (holding nothing), by waiting
+    rho, highest first. Exact ties are broken by a seeded draw, so no app wins every tie because of
+    its name."""
+    waiting = waiting or {}
+    draw = {app: (rng.random() if rng is not None else 0.0) for app in sorted(rho)}
 
-    Ties (typically several starving apps at rho = infinity) are broken by a seeded draw, so no
-    app wins every tie because of its name.
-    """
+    def key(app: str) -> tuple[float, float, float, str]:
+        wait = waiting.get(app, 0.0) if math.isinf(rho[app]) else 0.0
+        return (-rho[app], -wait, draw[app], app)
+
+    return sorted(rho, key=key)
+
+
+def check_knob(fairness_knob: float) -> None:
     if not 0 <= fairness_knob < 1:
         raise ValueError(f"the fairness knob f must be in [0, 1), got {fairness_knob}")
-    if not rho:
-        return []
-    draw = {app: (rng.random() if rng is not None else 0.0) for app in sorted(rho)}
-    ranked = sorted(rho, key=lambda app: (-rho[app], draw[app], app))
-    return ranked[: max(1, math.ceil((1 - fairness_knob) * len(ranked) - 1e-9))]
+
+
+def filter_worst(
+    rho: Mapping[str, float],
+    fairness_knob: float,
+    rng: random.Random | None = None,
+    waiting: Mapping[str, float] | None = None,
+) -> list[str]:
+    """D6: the first ceil((1 - f) N) apps of :func:`worst_first`, at least one."""
+    check_knob(fairness_knob)
+    ranked = worst_first(rho, rng, waiting)
+    return ranked[: max(1, math.ceil((1 - fairness_knob) * len(ranked) - 1e-9))] if ranked else []
+
+
+def fill_offer(chosen: Sequence[str], ranked: Sequence[str], unmet: Mapping[str, int], free: int) -> list[str]:
+    """D14: after the filtered apps, the next ones in rank order get the offer too until their own
+    unmet demand covers the free GPUs (or no app is left): enough to place the whole offer by bids
+    even if the auction's lotteries keep none of it."""
+    out = list(chosen)
+    wanted = 0
+    for app in ranked[len(out):]:
+        if wanted >= free:
+            break
+        out.append(app)
+        wanted += unmet.get(app, 0)
+    return out
+
+
+def filtered(ranked_count: int, fairness_knob: float) -> int:
+    """D6: how many apps the auction takes, ceil((1 - f) N), at least one."""
+    return max(1, math.ceil((1 - fairness_knob) * ranked_count - 1e-9)) if ranked_count else 0
 
 
 class ThemisPolicy(Policy):
     name = "themis"
 
-    def __init__(self, fairness_knob: float = DEFAULT_FAIRNESS_KNOB, solver: str = DEFAULT_SOLVER):
-        filter_worst({}, fairness_knob)
+    def __init__(self, fairness_knob: float = DEFAULT_FAIRNESS_KNOB, solver: str = DEFAULT_SOLVER,
+                 fill: bool = True):
+        check_knob(fairness_knob)
         self.fairness_knob = fairness_knob
         self.solver = solver
+        self.fill = fill
 
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
-        return filter_worst(rho, self.fairness_knob, ctx.rng)
+        waiting = {a: ctx.reports[a].rho_wait for a in rho if a in ctx.reports}
+        ranked = worst_first(rho, ctx.rng, waiting)
+        chosen = ranked[: filtered(len(ranked), self.fairness_knob)]
+        return fill_offer(chosen, ranked, ctx.unmet, len(ctx.free)) if self.fill else chosen
 
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
-        outcome = run_auction(ctx.free, bids, seed=ctx.seed, solver=self.solver, position=ctx.position)
+        stage = set(ctx.offered[: filtered(len(ctx.unmet), self.fairness_knob)])
+        priority = [a for a in ctx.offered if a in bids and a in stage]
+        outcome = run_auction(ctx.free, {a: bids[a] for a in priority}, seed=ctx.seed, solver=self.solver,
+                              position=ctx.position, priority=priority)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
-        extra = hand_out_leftover(outcome.leftover, unmet, bids, rng=ctx.rng, position=ctx.position,
-                                  previous=ctx.previous, offered=ctx.offered)
+        # The reserve only: an app the auction did not serve has had its auction (D8); letting it take
+        # what is left without a lottery would pay it to lose there (hiding rows, overstating rho).
+        queued = [a for a in ctx.offered if a in bids and a not in stage]
+        first = serve_queue(outcome.leftover, queued, unmet, bids)
+        pool = outcome.leftover - frozenset().union(*first.values()) if first else outcome.leftover
+        for app, gpus in first.items():
+            unmet[app] -= len(gpus)
+        extra = hand_out_leftover(pool, unmet, bids, rng=ctx.rng, position=ctx.position,
+                                  previous=ctx.previous, offered=ctx.offered, served=set(outcome.granted) | set(first),
+                                  held=ctx.held)
         granted = dict(outcome.granted)
-        for app, gpus in extra.items():
-            granted[app] = granted.get(app, frozenset()) | gpus
-        return Decision(granted, outcome, extra)
+        for part in (first, extra):
+            for app, gpus in part.items():
+                granted[app] = granted.get(app, frozenset()) | gpus
+        return Decision(granted, outcome, extra, queue_granted=first)

@@ -1,0 +1,296 @@
+"""Does lying pay in one Themis round? A strategy-proofness benchmark (issue 10 item 6; D12, D15).
+
+Each case is one realistic round on ``sim-256``: 4-12 apps of models from the shipped profile table
+(single jobs and successive-halving searches, some holding GPUs and some not, part-way through
+their work), a fragmented set of 8-64 free GPUs, the rest of the cluster busy. Agents report and
+bid with the real code (``agent.agent.Agent``); the round runs through the real engine and policy
+(``arbiter.rounds.RoundEngine`` with ``themis``: rank, filter, auction, lottery, leftover).
+
+For each liar (up to three apps per case) and each lie -- every strategy of
+``simulator/strategic.py`` at a few sizes, which covers scaling the rows' rho by 0.5-1.5, inflating
+rho_old, hiding rows, only the biggest rows, only 1-GPU rows and reporting infinity -- the liar's
+*true* expected utility after the round, E[1/rho(what it holds then)] computed with its true app,
+is compared with what telling the truth gives. The expectation is exact over the liar's own lottery
+draw (D15: the round is run with the draw forced to win and to lose, weighted by its c_i) and
+averaged over ``--draws`` seeds for everything else (others' lotteries, leftover draws), with the
+same seeds for truth and lie. A lie "pays" when it raises that expectation by more than 1e-9.
+
+    python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--out FILE]
+
+Prints a table per lie and writes JSON (``benchmarks/results/strategyproof.json`` by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from machine import machine_info
+from offers import fragmented_free
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# Run as a script, this folder comes first on sys.path, and its simulator.py would hide the package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import arbiter.auction as auction  # noqa: E402
+from agent.agent import Agent  # noqa: E402
+from agent.appsched import AppScheduler, JobInfo, SingleJobApp, SuccessiveHalvingApp  # noqa: E402
+from agent.fairness import finish_time_fairness  # noqa: E402
+from agent.placement import load_profiles  # noqa: E402
+from arbiter.cluster import load_cluster  # noqa: E402
+from arbiter.policies import make_policy  # noqa: E402
+from arbiter.rounds import RoundEngine  # noqa: E402
+from simulator.strategic import StrategicAgent, make_strategy  # noqa: E402
+
+CLUSTER = "sim-256"
+NOW = 4 * 3600.0
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "strategyproof.json"
+LIES: list[tuple[str, float]] = [
+    ("overreport-spread", 25), ("overreport-spread", 50), ("overreport-spread", 100),
+    ("underreport-dense", 25), ("underreport-dense", 50),
+    ("misreport-work", 25), ("misreport-work", 100),
+    ("hide-rows", 25), ("hide-rows", 50), ("hide-rows", 75),
+    ("noisy", 10), ("noisy", 20),
+    ("understate-rho", 10), ("understate-rho", 25), ("understate-rho", 50),
+    ("overstate-rho", 10), ("overstate-rho", 25), ("overstate-rho", 50),
+    ("inflate-rho-old", 20), ("inflate-rho-old", 50), ("inflate-rho-old", 200),
+    ("biggest-rows", 0), ("single-gpu-rows", 0), ("report-inf", 0),
+]
+
+
+@dataclass(frozen=True)
+class AppPlan:
+    """How to build one app of a case afresh (apps are mutable, so every run gets new ones)."""
+
+    name: str
+    model: str
+    kind: str  # "job" or "halving"
+    jobs: int
+    demand: int
+    iter_time: float
+    iterations: float
+    done: float  # share of its work done by NOW
+    held: tuple[str, ...]
+
+    def build(self) -> AppScheduler:
+        slowdown = load_profiles()[self.model].slowdown
+        if self.kind == "job":
+            app: AppScheduler = SingleJobApp(JobInfo(self.iterations, self.iter_time, slowdown, self.demand, "job0"))
+            app.advance("job0", self.done * self.iterations)
+            return app
+        phases = max(1, self.jobs.bit_length())
+        app = SuccessiveHalvingApp([self.iter_time * (1 + 0.1 * k) for k in range(self.jobs)],
+                                   [self.iterations] * phases, job_demand_max=self.demand, slowdown=slowdown,
+                                   grow_demand=True)
+        for job in app.phase_jobs():
+            app.advance(job, self.done * self.iterations)
+        return app
+
+
+@dataclass(frozen=True)
+class Case:
+    seed: int
+    free: frozenset[str]
+    apps: tuple[AppPlan, ...]
+
+
+def make_case(seed: int) -> Case:
+    rng = random.Random(f"strategyproof:{seed}")
+    cluster = load_cluster(CLUSTER)
+    models = sorted(load_profiles())
+    free = fragmented_free(cluster, rng.choice([8, 16, 32, 64]), rng)
+    busy = [g for g in sorted(cluster.gpu_ids) if g not in free]
+    rng.shuffle(busy)
+    plans = []
+    for k in range(rng.randint(4, 12)):
+        kind = rng.choice(["job", "halving"])
+        jobs = 1 if kind == "job" else rng.choice([2, 4, 8])
+        demand = rng.choice([1, 2, 4, 8, 16]) if kind == "job" else rng.choice([1, 2, 4])
+        holds = rng.random() < 0.5
+        n_held = min(len(busy), rng.randint(1, max(1, jobs * demand - 1))) if holds and jobs * demand > 1 else 0
+        held = tuple(sorted(busy[:n_held]))
+        busy = busy[n_held:]
+        plans.append(AppPlan(f"app{k}", rng.choice(models), kind, jobs, demand, rng.uniform(0.2, 2.0),
+                             rng.uniform(2_000, 40_000), rng.uniform(0.0, 0.6), held))
+    return Case(seed, free, tuple(plans))
+
+
+@contextmanager
+def forced_draw(liar: str, value: float | None) -> Iterator[None]:
+    """The liar's own lottery draw fixed to ``value`` (D15), the others' left as they are."""
+    original = auction.lottery_draw
+    if value is not None:
+        auction.lottery_draw = lambda seed, app: value if app == liar else original(seed, app)
+    try:
+        yield
+    finally:
+        auction.lottery_draw = original
+
+
+def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, float] | None = None):
+    """One round of the case; returns (engine, result, true apps)."""
+    cluster = load_cluster(CLUSTER)
+    engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed)
+    apps = {p.name: p.build() for p in case.apps}
+    engine.add_app("busy", 0.0)
+    engine.set_demand("busy", 0, 0.0)
+    for p in case.apps:
+        engine.add_app(p.name, 0.0)
+    held = {g for p in case.apps for g in p.held}
+    engine.leases.grant("busy", [g for g in cluster.gpu_ids if g not in case.free and g not in held],
+                        now=0.0, expires_at=NOW * 10, round_id=0)
+    for p in case.apps:
+        if p.held:
+            engine.leases.grant(p.name, p.held, now=0.0, expires_at=NOW * 10, round_id=0)
+    agents: dict[str, Agent] = {}
+    for name, app in apps.items():
+        if name == liar and lie is not None:
+            agents[name] = StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name)
+        else:
+            agents[name] = Agent(app, name=name)
+    result = engine.run_round(NOW, {**agents, "busy": _Idle()})
+    return engine, result, apps
+
+
+class _Idle:
+    def report(self, request):  # never asked: it wants nothing more
+        raise AssertionError("the busy app has no unmet demand")
+
+    def bid(self, offer):
+        raise AssertionError("the busy app has no unmet demand")
+
+
+def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None) -> tuple[float, tuple]:
+    """E[1/rho] of what the liar holds after the round, exact over its own lottery (D15), and where
+    the round's rank put the liar (its place among the offered apps, and whether it bid in the
+    auction): a lie can pay through the rank (step 1), which the auction does not see."""
+    total = 0.0
+    place: tuple = ()
+    for seed in range(draws):
+        engine, result, apps = run_round(case, seed, liar, lie)
+        if seed == 0:
+            auction_ = result.decision.auction if result.decision else None
+            place = (result.bidders.index(liar) if liar in result.bidders else None,
+                     bool(auction_ and liar in auction_.contenders))
+        decision = result.decision
+        c = None
+        if decision is not None and decision.auction is not None and liar in decision.auction.pf:
+            c = decision.auction.hidden_payment[liar]
+        if c is None or c in (0.0, 1.0):
+            total += _value(engine, apps[liar], liar)
+            continue
+        parts = []
+        for draw in (0.0, 1.0 - 1e-12):
+            with forced_draw(liar, draw):
+                engine, _, apps = run_round(case, seed, liar, lie)
+            parts.append(_value(engine, apps[liar], liar))
+        total += c * parts[0] + (1 - c) * parts[1]
+    return total / draws, place
+
+
+def _value(engine: RoundEngine, app: AppScheduler, name: str) -> float:
+    cluster = engine.cluster
+    positions = [cluster.position(g) for g in sorted(engine.held(name))]
+    rho = finish_time_fairness(app, positions, now=NOW, n_avg=engine.n_avg(name, NOW), cluster_size=cluster.size)
+    return 0.0 if math.isinf(rho) else 1.0 / rho
+
+
+def study_case(args: tuple[int, int, int]) -> list[dict[str, Any]]:
+    seed, draws, liars = args
+    case = make_case(seed)
+    rng = random.Random(f"liars:{seed}")
+    chosen = rng.sample([p.name for p in case.apps], min(liars, len(case.apps)))
+    rows = []
+    for liar in chosen:
+        truth, place = utility(case, liar, draws, None)
+        holds = any(p.held for p in case.apps if p.name == liar)
+        for lie in LIES:
+            lied, lie_place = utility(case, liar, draws, lie)
+            gain = (lied - truth) / truth if truth > 0 else (math.inf if lied > 0 else 0.0)
+            rows.append({"case": seed, "liar": liar, "holds": holds, "lie": f"{lie[0]} {lie[1]:g}".strip(),
+                         "truth": truth, "lied": lied, "gain": gain, "rank_moved": lie_place != place})
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for lie in dict.fromkeys(r["lie"] for r in rows):
+        mine = [r for r in rows if r["lie"] == lie]
+        paying = [r["gain"] for r in mine if r["lied"] > r["truth"] + 1e-9]
+        same_rank = [r["gain"] for r in mine if r["lied"] > r["truth"] + 1e-9 and not r["rank_moved"]]
+        finite = [g for g in paying if math.isfinite(g)]
+        out[lie] = {"cases": len(mine), "pays": len(paying), "share_pays": len(paying) / len(mine),
+                    "mean_gain": statistics.fmean(finite) if finite else 0.0,
+                    "max_gain": max(paying) if paying else 0.0,
+                    "pays_over_1pct": sum(1 for g in paying if g > 0.01) / len(mine),
+                    "rank_moved": sum(1 for r in mine if r["rank_moved"]) / len(mine),
+                    "pays_same_rank": len(same_rank) / len(mine),
+                    "max_gain_same_rank": max(same_rank) if same_rank else 0.0}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=60)
+    parser.add_argument("--draws", type=int, default=4, help="seeds for the randomness other than the liar's draw")
+    parser.add_argument("--liars", type=int, default=3, help="liars tried per case")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="12 cases, 2 draws")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.cases, args.draws = 12, 2
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    jobs = [(seed, args.draws, args.liars) for seed in range(args.cases)]
+    with Progress(TextColumn("cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("cases", total=len(jobs))
+        with ProcessPoolExecutor(args.workers) as pool:
+            for part in pool.map(study_case, jobs):
+                rows.extend(part)
+                bar.advance(task)
+    summary = summarize(rows)
+    table = Table(title=f"Does lying pay? {args.cases} rounds on {CLUSTER}, {len(rows) // len(LIES)} liars, "
+                        f"exact over the liar's lottery, {args.draws} draws otherwise")
+    for col in ("lie", "cases", "pays", "share", "> 1%", "mean gain", "max gain", "rank moved", "pays, same rank",
+                "max, same rank"):
+        table.add_column(col, justify="right")
+
+    def pct(x: float) -> str:
+        return f"{x:+.2%}" if math.isfinite(x) else "inf"
+
+    for lie, s in summary.items():
+        table.add_row(lie, str(s["cases"]), str(s["pays"]), f"{s['share_pays']:.1%}", f"{s['pays_over_1pct']:.1%}",
+                      pct(s["mean_gain"]), pct(s["max_gain"]), f"{s['rank_moved']:.1%}", f"{s['pays_same_rank']:.1%}",
+                      pct(s["max_gain_same_rank"]))
+    paying = [r for r in rows if r["lied"] > r["truth"] + 1e-9]
+    same = [r for r in paying if not r["rank_moved"]]
+    table.add_row("[b]all lies", str(len(rows)), str(len(paying)), f"{len(paying) / len(rows):.1%}", "", "",
+                  pct(max((r["gain"] for r in paying), default=0.0)), "", f"{len(same) / len(rows):.1%}",
+                  pct(max((r["gain"] for r in same), default=0.0)))
+    Console(width=160).print(table)
+    result = {"machine": machine_info(), "cases": args.cases, "draws": args.draws, "liars_per_case": args.liars,
+              "wall_seconds": time.perf_counter() - started, "summary": summary,
+              "paying": [r for r in paying]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    Console(stderr=True).print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Themis's promises across a round, on the hand-made rounds where they used to fail (issue 10):
+rho ranks every app (D13), holders cannot claim infinity, a winner's hidden payment goes to starving
+bidders, identical apps bid on different machines (D7), and the auction decides (D8, D9, D14)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.agent import Agent
+from agent.appsched import JobInfo, SingleJobApp
+from agent.placement import load_profiles
+from arbiter.cluster import load_cluster
+from arbiter.policies import make_policy
+from arbiter.rounds import RoundEngine
+from protos.messages import BidTable, RhoReport
+
+
+def job_app(demand: int, iters: float = 10_000, start: float = 0.0, model: str = "vgg19") -> SingleJobApp:
+    return SingleJobApp(JobInfo(iters, 1.0, load_profiles()[model].slowdown, demand, "job0"), start_time=start)
+
+
+class Fixed:
+    """An agent with scripted answers (to test what the engine refuses)."""
+
+    def __init__(self, rho: float, demand: int, bid=None, wait: float = 0.0):
+        self.rho, self.demand, self.table, self.wait = rho, demand, bid, wait
+
+    def report(self, request):
+        return RhoReport(self.rho, self.demand, rho_wait=self.wait)
+
+    def bid(self, offer):
+        return self.table(offer) if callable(self.table) else self.table
+
+
+def test_apps_whose_leases_run_out_together_report_their_rho_on_what_they_held():
+    """The mass tie at lease expiry: every continuing app reported rho = infinity because its
+    leases had already been taken away. Now the report is on what it held as the round opened."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4", "r0-m5"])  # 8 GPUs
+    engine = RoundEngine(cluster, make_policy("themis"), lease_s=100, expiry_window_s=0, coalesce_s=0)
+    agents = {name: Agent(job_app(4, start=0), name=name) for name in ("a", "b")}
+    for name in agents:
+        engine.add_app(name, 0)
+    first = engine.run_round(0, agents)
+    assert sorted(len(g.gpus) for g in first.grants) == [4, 4]
+    for name, agent in agents.items():
+        agent.app.advance("job0", 500)
+        engine.set_demand(name, 8, 50)  # both want more: asked for rho at the next round
+    rnd = engine.open_round(100)
+    assert len(rnd.expired) == 8 and not engine.leases.taken()
+    assert all(len(req.held) == 4 for req in rnd.requests)  # the GPUs whose lease just ran out
+    reports = {req.app: agents[req.app].report(req) for req in rnd.requests}
+    assert all(math.isfinite(r.rho) for r in reports.values())
+    assert reports["a"].rho == pytest.approx(reports["b"].rho)
+
+
+def test_apps_holding_nothing_are_ranked_by_how_long_they_waited_not_by_a_draw():
+    """D13: among apps at rho = infinity the waiting rho decides, and it grows while an app waits:
+    the same app is chosen whatever the round's seed."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m0"])  # 2 GPUs
+    chosen = set()
+    for seed in range(8):
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.8, fill=False), seed=seed)
+        early, late = job_app(2, iters=5_000, start=0), job_app(2, iters=5_000, start=900)
+        engine.add_app("early", 0)
+        engine.add_app("late", 900)
+        agents = {"early": Agent(early, name="early"), "late": Agent(late, name="late")}
+        r = engine.run_round(1000, agents)
+        assert all(math.isinf(rho) for rho in r.rho.values())
+        chosen.add(r.bidders)
+    assert chosen == {("early",)}
+
+
+def test_a_holder_cannot_report_or_bid_rho_infinity():
+    """D13: rho = infinity means holding nothing; an app that holds GPUs and says infinity is refused
+    with a reason (an app that always said infinity used to finish sooner)."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0), lease_s=1000)
+    engine.add_app("holder", 0)
+    engine.add_app("other", 0)
+    engine.leases.grant("holder", ["r0-m4-g0"], now=0, expires_at=1000, round_id=0)
+    r = engine.run_round(1, {"holder": Fixed(math.inf, 4), "other": Fixed(2.0, 1)})
+    assert "must be finite" in r.rejected["holder"]
+    assert "holder" not in r.bidders
+    r = engine.run_round(2, {"holder": Fixed(2.0, 4, bid=lambda o: BidTable(math.inf, ())),
+                             "other": Fixed(2.0, 1)})
+    assert "rho_old must be finite" in r.rejected["holder"]
+    assert "r0-m4-g0" in engine.held("holder")  # refusing its words takes nothing it holds
+
+
+def test_a_winners_unkept_share_goes_to_a_starving_bidder_before_an_app_that_holds_gpus():
+    """The issue's round: two starving bidders, one free GPU, and a third app holding GPUs at rho
+    0.54 with unmet demand. The GPU used to go to the third app; now a starving bidder gets it."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m0", "r0-m1"])  # 4 GPUs
+    for seed in range(10):
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.5, fill=False), lease_s=1000, seed=seed)
+        for app in ("s1", "s2", "rich"):
+            engine.add_app(app, 0)
+        engine.leases.grant("rich", ["r0-m0-g0", "r0-m0-g1", "r0-m1-g0"], now=0, expires_at=1000, round_id=0)
+        free = sorted(engine.free_gpus())
+        assert len(free) == 1
+
+        def one_gpu(offer):
+            return BidTable(math.inf, ((frozenset(offer.gpus), 3.0),))
+
+        r = engine.run_round(1, {"s1": Fixed(math.inf, 1, one_gpu, wait=2.0),
+                                 "s2": Fixed(math.inf, 1, one_gpu, wait=1.0),
+                                 "rich": Fixed(0.54, 4, lambda o: BidTable(0.54, ((frozenset(o.gpus), 0.5),)))})
+        assert [(g.app, sorted(g.gpus)) for g in r.grants] == [("s1", free)]
+        assert r.grants[0].source == "auction" and r.decision.auction.hidden_payment["s1"] == 1.0
+
+
+def test_identical_starving_apps_bid_for_different_machines_and_the_auction_grants_them():
+    """Five identical vgg19 apps (8 GPUs each) with the whole sim-256 free: they all used to bid on
+    the same 24 GPUs and the auction granted none. Now each lists its own machines (D7)."""
+    cluster = load_cluster("sim-256")
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0), lease_s=1000)
+    agents = {f"vgg{k}": Agent(job_app(8), name=f"vgg{k}") for k in range(5)}
+    for name in agents:
+        engine.add_app(name, 0)
+    r = engine.run_round(1, agents)
+    outcome = r.decision.auction
+    assert set(outcome.granted) == set(agents)
+    assert all(c == 1.0 for c in outcome.hidden_payment.values())
+    for g in r.grants:
+        assert g.source == "auction" and len(g.gpus) == 8
+        assert len({cluster.gpus[x].machine for x in g.gpus}) == 1
+    assert r.granted_by == {"auction": 40, "queue": 0, "leftover": 0, "policy": 0}
+
+
+def test_what_the_auction_leaves_is_placed_by_the_reserves_bids_in_rank_order():
+    """D9, D14: the apps after the filtered ones got the offer too; GPUs the auction did not place go
+    to them worst first, each taking the row of its own bid it values most."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4", "r0-m5"])  # two 4-GPU machines
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.8), lease_s=1000)
+    m4 = frozenset(g for g in cluster.gpus if cluster.gpus[g].machine == "r0-m4")
+    m5 = frozenset(g for g in cluster.gpus if cluster.gpus[g].machine == "r0-m5")
+    names = ["worst", "next", "last"]
+    for name in names:
+        engine.add_app(name, 0)
+    agents = {
+        "worst": Fixed(math.inf, 4, BidTable(math.inf, ((m4, 1.0),)), wait=3.0),
+        "next": Fixed(math.inf, 4, BidTable(math.inf, ((m4, 1.0), (m5, 1.2))), wait=2.0),
+        "last": Fixed(math.inf, 4, BidTable(math.inf, ((m5, 1.0),)), wait=1.0),
+    }
+    r = engine.run_round(1, agents)
+    assert r.bidders == ("worst", "next", "last")  # the reserve's demand covers the 8 free GPUs with both
+    assert r.decision.auction.contenders == ("worst",)
+    # 'next' ranks before 'last', so it takes m5 although 'last' values it more
+    assert {g.app: (g.gpus, g.source) for g in r.grants} == {"worst": (m4, "auction"), "next": (m5, "queue")}

@@ -1,0 +1,47 @@
+"""Seeds and intervals (issue 13): the t interval, aggregation of run summaries, parallel runs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from simulator.seeds import aggregate, fmt, interval, run_parallel, t95
+
+
+def test_the_interval_is_the_student_t_one():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    stat = interval(values)
+    half = 2.776 * statistics.stdev(values) / math.sqrt(5)
+    assert stat["mean"] == 3.0 and stat["half"] == pytest.approx(half)
+    assert stat["ci95"] == pytest.approx([3.0 - half, 3.0 + half])
+    assert stat["values"] == values
+    assert t95(2) == 12.706 and t95(31) == 2.042 and t95(100) == 1.96
+
+
+def test_one_seed_has_no_interval_and_equal_values_a_zero_one():
+    assert interval([2.5]) == {"mean": 2.5, "ci95": [2.5, 2.5], "half": 0.0, "values": [2.5]}
+    assert interval([1.0, 1.0, 1.0])["half"] == 0.0
+    assert fmt(interval([1.0, 3.0]), "{:.1f}") == "2.0±12.7"
+    assert fmt(0.5, "{:.0%}") == "50%"
+
+
+def test_aggregate_keeps_shared_fields_and_intervals_per_metric():
+    runs = [{"policy": "themis", "seed": s, "cluster": "c", "max_rho": 1.0 + s, "gpu_time": 10.0, "apps": [1]}
+            for s in range(3)]
+    agg = aggregate(runs)
+    assert agg["policy"] == "themis" and agg["cluster"] == "c" and agg["seeds"] == [0, 1, 2]
+    assert agg["max_rho"]["values"] == [1.0, 2.0, 3.0] and agg["gpu_time"]["half"] == 0.0
+    assert "apps" not in agg
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_parallel_runs_come_back_in_submission_order():
+    seen = []
+    assert run_parallel(_square, [{"x": k} for k in range(7)], workers=2, progress=seen.append) == [
+        k * k for k in range(7)]
+    assert seen == list(range(1, 8))
