@@ -701,9 +701,14 @@ def _json_num(x: float) -> float | None:
 
 
 def _summary(result: RoundResult, latency: float) -> dict[str, Any]:
+    """The round event's payload. ``moved`` counts GPUs whose lease expired as the round opened and
+    that went to another app: the churn an operator sees (issue 10's goal: GPUs move only when the
+    apps' rho order changes, D13)."""
     granted: dict[str, int] = {}
     for g in result.grants:
         granted[g.app] = granted.get(g.app, 0) + len(g.gpus)
+    was = {lease.gpu: lease.app for lease in result.expired}
+    moved = sum(1 for g in result.grants for gpu in g.gpus if was.get(gpu, g.app) != g.app)
     return {
         "round_id": result.round_id,
         "now": result.now,
@@ -713,6 +718,7 @@ def _summary(result: RoundResult, latency: float) -> dict[str, Any]:
         "granted": granted,
         "idle": len(result.idle),
         "expired": len(result.expired),
+        "moved": moved,
         "latency_s": latency,
         "rho": {a: _json_num(r) for a, r in result.rho.items()},
     }

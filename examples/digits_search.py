@@ -158,6 +158,8 @@ def render(summaries: list[dict[str, Any]], rounds: dict[str, Any], total_s: flo
     edges = [total_s * (i + 1) / width for i in range(width)]
     print(f"\n=== summary: {rounds['rounds']} rounds, {rounds['expired']} leases expired, "
           f"{sum(s['lease_losses'] for s in summaries)} revocations, {total_s:.0f} s ===", file=out)
+    churn = 10 * rounds["moved"] / (len(summaries) * rounds["rounds"]) if summaries and rounds["rounds"] else 0.0
+    print(f"GPUs moved between apps at expiry: {rounds['moved']} ({churn:.2f} per app per 10 rounds)", file=out)
     print("rho with the GPUs held (inf: none held), and GPUs held, at the end of each interval:", file=out)
     print("t (s)".ljust(25) + "".join(f"{e:>6.0f}" for e in edges), file=out)
     for s in summaries:
@@ -227,7 +229,7 @@ async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
               f"events {'on ' + args.mqtt if args.mqtt else 'in memory'}; jobs run by the {args.executor} executor "
               f"and report via {args.report}", file=out)
         started = time.time()
-        rounds = {"rounds": 0, "expired": 0, "granted": 0}
+        rounds = {"rounds": 0, "expired": 0, "granted": 0, "moved": 0}
         subscription = server.service.bus.subscribe(rounds_topic(CLUSTER))
 
         async def watch_rounds():
@@ -236,6 +238,7 @@ async def run(args: argparse.Namespace, out=sys.stdout) -> dict[str, Any]:
                 rounds["rounds"] += 1
                 rounds["expired"] += r["expired"]
                 rounds["granted"] += sum(r["granted"].values())
+                rounds["moved"] += r["moved"]
                 if not args.quiet:
                     grants = ", ".join(f"{a} +{n}" for a, n in sorted(r["granted"].items())) or "-"
                     rho = ", ".join(f"{a} {'inf' if v is None else f'{v:.2f}'}" for a, v in sorted(r["rho"].items()))

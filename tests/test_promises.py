@@ -149,3 +149,33 @@ def test_what_the_auction_leaves_is_placed_by_the_reserves_bids_in_rank_order():
     assert r.decision.auction.contenders == ("worst",)
     # 'next' ranks before 'last', so it takes m5 although 'last' values it more
     assert {g.app: (g.gpus, g.source) for g in r.grants} == {"worst": (m4, "auction"), "next": (m5, "queue")}
+
+
+def test_the_round_event_counts_gpus_that_moved_to_another_app_at_expiry():
+    """The round event's ``moved``: expired GPUs granted to a different app (churn), not renewals."""
+    from arbiter.service import _summary
+
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0), lease_s=100, expiry_window_s=0,
+                         coalesce_s=0)
+    engine.add_app("first", 0)
+    first = engine.run_round(0, {"first": Agent(job_app(4, iters=100_000), name="first")})
+    assert _summary(first, 0.0)["moved"] == 0 and sum(len(g.gpus) for g in first.grants) == 4
+    engine.add_app("second", 50)
+    engine.set_demand("first", 0, 90)  # first is done with them: at expiry they go to second
+    renewed = engine.run_round(100, {"first": Fixed(1.0, 0), "second": Agent(job_app(4), name="second")})
+    summary = _summary(renewed, 0.0)
+    assert summary["expired"] == 4 and summary["granted"] == {"second": 4} and summary["moved"] == 4
+
+
+def test_gpus_an_app_wins_back_at_expiry_do_not_count_as_moved():
+    from arbiter.service import _summary
+
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0), lease_s=100, expiry_window_s=0,
+                         coalesce_s=0)
+    engine.add_app("only", 0)
+    agents = {"only": Agent(job_app(4, iters=100_000), name="only")}
+    engine.run_round(0, agents)
+    again = _summary(engine.run_round(100, agents), 0.0)
+    assert again["expired"] == 4 and again["granted"] == {"only": 4} and again["moved"] == 0
