@@ -40,7 +40,8 @@ def serve_queue(
     unmet: Mapping[str, int],
     bids: Mapping[str, BidTable],
 ) -> dict[str, frozenset[str]]:
-    """D9's first tier: the reserve in rank order (``queued``), each takes its :func:`best_row`
+    """D9's first tier: the offered apps that did not contend, in rank order (``queued``: bidders
+    past the auction's contenders, then the reserve of D14), each takes its :func:`best_row`
     among what is left; an app none of whose rows fits takes nothing here.
 
     A serial dictatorship over the apps' own rows in a fixed order: hiding or misvaluing rows only

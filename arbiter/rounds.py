@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from arbiter.auction import InvalidBid, validate_bid
+from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, validate_bid
 from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
 from arbiter.policies.base import Decision, Policy, RoundContext
@@ -398,7 +398,10 @@ class OpenRound:
                 previous.setdefault(lease.app, set()).add(lease.gpu)
         self.previous = {app: frozenset(g) for app, g in previous.items()}
         cluster = engine.cluster
-        extras = engine.policy.report_extras
+        # The round keeps the policy it opened with: a settings change mid-round (the service's
+        # UpdateSettings) applies from the next round, never between the offer and the allocation.
+        self.policy = engine.policy
+        extras = self.policy.report_extras
         self.requests = [
             RhoRequest(
                 round_id,
@@ -414,6 +417,7 @@ class OpenRound:
         ]
         self._reports: dict[str, RhoReport] = {}
         self._offers: dict[str, Offer] | None = None
+        self._ranked = 0
         self._bids: dict[str, BidTable] = {}
         self.rejected: dict[str, str] = {}
         self._rng = random.Random(f"{engine.seed}:{round_id}")
@@ -431,6 +435,8 @@ class OpenRound:
         rho, demand = report.rho, report.demand
         if not isinstance(rho, (int, float)) or math.isnan(rho) or not rho > 0:
             raise InvalidReport(f"{app!r}: rho must be > 0 (or infinity), got {rho!r}")
+        if math.isfinite(rho) and not RHO_MIN <= rho <= RHO_MAX:
+            raise InvalidReport(f"{app!r}: rho must be within [{RHO_MIN:g}, {RHO_MAX:g}] (or infinity), got {rho!r}")
         held = len(self.held_at_open(app))
         if math.isinf(rho) and held:
             raise InvalidReport(f"{app!r}: rho must be finite for an app that holds {held} GPU(s) (D13); "
@@ -470,6 +476,7 @@ class OpenRound:
             arrived={app: state.arrived for app, state in self.engine.apps.items()},
             previous=self.previous,
             offered=tuple(self._offers or ()),
+            ranked=self._ranked,
         )
 
     def offers(self) -> dict[str, Offer]:
@@ -480,7 +487,8 @@ class OpenRound:
                 self._offers = {}
                 return {}
             ctx = self._context()
-            chosen = self.engine.policy.bidders({a: self._reports[a].rho for a in unmet}, ctx)
+            self._ranked = len(unmet)
+            chosen = self.policy.bidders({a: self._reports[a].rho for a in unmet}, ctx)
             cluster = self.engine.cluster
             gpus = {g: cluster.position(g) for g in sorted(self.free)}
             self._offers = {
@@ -541,7 +549,7 @@ class OpenRound:
             decision: Decision | None = None
             grants: list[Grant] = []
             if self.free and ctx.unmet:
-                decision = self.engine.policy.allocate(ctx, self._bids)
+                decision = self.policy.allocate(ctx, self._bids)
                 expires = self.now + self.engine.lease_s
                 given: set[str] = set()
                 for app in sorted(decision.granted):
@@ -549,7 +557,7 @@ class OpenRound:
                     if not gpus:
                         continue
                     if not gpus <= self.free or gpus & given:
-                        raise RuntimeError(f"policy {self.engine.policy.name} granted GPUs that were not free: {app}")
+                        raise RuntimeError(f"policy {self.policy.name} granted GPUs that were not free: {app}")
                     given |= gpus
                     self.engine.leases.grant(app, gpus, now=self.now, expires_at=expires, round_id=self.round_id)
                     made.append((app, gpus))

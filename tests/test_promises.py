@@ -179,3 +179,63 @@ def test_gpus_an_app_wins_back_at_expiry_do_not_count_as_moved():
     engine.run_round(0, agents)
     again = _summary(engine.run_round(100, agents), 0.0)
     assert again["expired"] == 4 and again["granted"] == {"only": 4} and again["moved"] == 0
+
+
+def test_a_bidder_that_did_not_contend_is_served_before_a_better_off_reserve_app():
+    """D9 tier 1 in rank order: only the first |offered| bidders contend; a bidder behind them
+    places what the auction leaves before the reserve app behind it (it used to be sent to the
+    random tier, after the reserve)."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    g = sorted(cluster.gpus)
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.25), lease_s=1000, expiry_window_s=0,
+                         coalesce_s=0)
+    for name in ("w", "x", "y", "z"):
+        engine.add_app(name, 0)
+    engine.leases.grant("z", frozenset(g[:2]), now=0, expires_at=1000, round_id=0)
+
+    def only(gpu: str, rho_old: float = 2.0):
+        return lambda offer: BidTable(rho_old, ((frozenset([gpu]), 1.0),))
+
+    agents = {"w": Fixed(9.0, 1, only(g[2])), "x": Fixed(8.0, 1, only(g[2])), "y": Fixed(7.0, 1, only(g[3])),
+              "z": Fixed(6.0, 4, only(g[3], 1.5))}
+    r = engine.run_round(10, agents)
+    assert r.bidders == ("w", "x", "y", "z")  # ceil(0.75 * 4) = 3 bid; z is the reserve
+    by_app = {grant.app: (grant.source, grant.gpus) for grant in r.grants}
+    assert by_app["y"] == ("queue", frozenset([g[3]]))  # w and x contend for g2 and leave g3
+    assert "z" not in by_app
+
+
+def test_a_round_keeps_its_policy_and_its_number_of_bidders_from_offer_to_close():
+    """D6: the bidders are fixed when the offer goes out. A settings change (or a release that
+    changes how many apps want GPUs) between the offer and the close used to change who contends."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    g = sorted(cluster.gpus)
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.8), lease_s=1000, expiry_window_s=0,
+                         coalesce_s=0)
+    names = ("a", "b", "c", "d", "e")
+    for name in names:
+        engine.add_app(name, 0)
+    rows = lambda offer: BidTable(math.inf, tuple((frozenset([x]), 1.0) for x in g))  # noqa: E731
+    rnd = engine.open_round(10)
+    for k, request in enumerate(rnd.requests):
+        rnd.report(request.app, RhoReport(math.inf, 1, rho_wait=10.0 - k))
+    offers = rnd.offers()
+    assert list(offers) == list(names)  # ceil(0.2 * 5) = 1 bidder, then a reserve of four
+    for app, offer in offers.items():
+        rnd.bid(app, rows(offer))
+    engine.policy = make_policy("themis", fairness_knob=0.0)  # as UpdateSettings does, mid-round
+    result = rnd.close()
+    sources = sorted(grant.source for grant in result.grants)
+    assert sources == ["auction", "queue", "queue", "queue"]  # one contender, not four
+
+
+def test_a_report_beyond_the_rho_bounds_is_refused():
+    """A finite rho above RHO_MAX would outrank every honest app; it is refused like a bid row's."""
+    from arbiter.rounds import InvalidReport
+
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
+    engine = RoundEngine(cluster, make_policy("themis"), lease_s=1000)
+    engine.add_app("big", 0)
+    rnd = engine.open_round(1)
+    with pytest.raises(InvalidReport, match="within"):
+        rnd.report("big", RhoReport(1e300, 4))

@@ -36,6 +36,7 @@ class RoundContext:
     arrived: Mapping[str, float] = field(default_factory=dict)  # arrival times (FIFO)
     previous: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPUs whose lease just ran out
     offered: tuple[str, ...] = ()  # apps that got this round's offer, in the policy's order (D6, D13)
+    ranked: int = 0  # apps ranked when the offer went out (N of D6; fixed for the round)
 
 
 @dataclass(frozen=True)

@@ -93,14 +93,16 @@ class ThemisPolicy(Policy):
         return fill_offer(chosen, ranked, ctx.unmet, len(ctx.free)) if self.fill else chosen
 
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
-        stage = set(ctx.offered[: filtered(len(ctx.unmet), self.fairness_knob)])
+        stage = set(ctx.offered[: filtered(ctx.ranked or len(ctx.unmet), self.fairness_knob)])
         priority = [a for a in ctx.offered if a in bids and a in stage]
         outcome = run_auction(ctx.free, {a: bids[a] for a in priority}, seed=ctx.seed, solver=self.solver,
                               position=ctx.position, priority=priority)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
-        # The reserve only: an app the auction did not serve has had its auction (D8); letting it take
-        # what is left without a lottery would pay it to lose there (hiding rows, overstating rho).
-        queued = [a for a in ctx.offered if a in bids and a not in stage]
+        # In rank order, every offered app that did not contend: bidders past the first |offered|
+        # with useful rows, then the reserve (D14). A contender has had its auction (D8); letting it
+        # take what is left without a lottery would pay it to lose there (hiding rows, overstating rho).
+        contended = set(outcome.contenders)
+        queued = [a for a in ctx.offered if a in bids and a not in contended]
         first = serve_queue(outcome.leftover, queued, unmet, bids)
         pool = outcome.leftover - frozenset().union(*first.values()) if first else outcome.leftover
         for app, gpus in first.items():
