@@ -239,3 +239,28 @@ def test_a_report_beyond_the_rho_bounds_is_refused():
     rnd = engine.open_round(1)
     with pytest.raises(InvalidReport, match="within"):
         rnd.report("big", RhoReport(1e300, 4))
+
+
+def test_a_queued_app_cannot_skip_its_turn_for_a_bigger_random_gift():
+    """The lie that paid after the reserve was added (strategy-proofness benchmark: "only the
+    biggest rows" in 10% of cases, up to +63%): a reserve app whose rows cannot fit what the auction
+    leaves used to get its whole unmet demand at random. Tier 1 is its turn (D9): truthful, it
+    places one row; bidding only rows that cannot fit now gets it nothing."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    g = sorted(cluster.gpus)
+
+    def round_with(q_rows):
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.5), lease_s=1000, expiry_window_s=0,
+                             coalesce_s=0)
+        for name in ("w", "q"):
+            engine.add_app(name, 0)
+        agents = {"w": Fixed(math.inf, 2, lambda o: BidTable(math.inf, ((frozenset(g[:2]), 1.0),)), wait=9.0),
+                  "q": Fixed(math.inf, 4, lambda o: BidTable(math.inf, q_rows), wait=8.0)}
+        r = engine.run_round(10, agents)
+        assert r.bidders == ("w", "q")
+        return {grant.app: (grant.source, len(grant.gpus)) for grant in r.grants}
+
+    truthful = round_with(((frozenset(g[:1]), 2.0), (frozenset(g[2:3]), 2.0)))
+    lying = round_with(((frozenset(g), 1.0),))
+    assert truthful == {"w": ("auction", 2), "q": ("queue", 1)}
+    assert lying == {"w": ("auction", 2)}

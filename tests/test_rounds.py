@@ -104,14 +104,17 @@ def test_every_app_finishes_and_rounds_happen(run):
 
 def test_no_gpu_idle_while_an_app_that_could_take_it_has_unmet_demand(driven):
     """D9: leftover GPUs go to every app that wants more and got nothing yet this round, inside the
-    container of what it keeps (a GPU further out would slow its job down)."""
+    container of what it keeps (a GPU further out would slow its job down) -- except the apps
+    queued in tier 1, which had their turn by their own rows."""
     engine, _, results, held_after = driven
     cluster = engine.cluster
     for r in results:
         if not (r.idle and r.unmet_after):
             continue
         got = {g.app for g in r.grants}
-        for app in set(r.unmet_after) - got - set(r.rejected):
+        auction = r.decision.auction if r.decision else None
+        queued = set(r.bidders) - set(auction.contenders if auction else ())
+        for app in set(r.unmet_after) - got - set(r.rejected) - queued:
             kept = {cluster.position(g) for g in held_after[r.round_id].get(app, ())}
             assert kept, f"round {r.round_id}: {app} holds nothing, wants more, and {len(r.idle)} GPUs are idle"
             depth = next((d for d in (3, 2, 1) if len({k[:d] for k in kept}) == 1), 0)  # its container

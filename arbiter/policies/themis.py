@@ -107,9 +107,12 @@ class ThemisPolicy(Policy):
         pool = outcome.leftover - frozenset().union(*first.values()) if first else outcome.leftover
         for app, gpus in first.items():
             unmet[app] -= len(gpus)
+        # Tier 1 was the queued apps' turn, by their own rows; a queued app none of whose rows fit
+        # gets no random gift after it: a gift of its whole unmet demand would pay it to bid rows
+        # that cannot fit (only its biggest rows, overstated rho) and skip its turn (D9).
         extra = hand_out_leftover(pool, unmet, bids, rng=ctx.rng, position=ctx.position,
-                                  previous=ctx.previous, offered=ctx.offered, served=set(outcome.granted) | set(first),
-                                  held=ctx.held)
+                                  previous=ctx.previous, offered=ctx.offered,
+                                  served=set(outcome.granted) | set(queued), held=ctx.held)
         granted = dict(outcome.granted)
         for part in (first, extra):
             for app, gpus in part.items():
