@@ -567,6 +567,12 @@ class OpenRound:
                     grants.append(Grant(app, gpus, expires, self.round_id, source))
             taken = frozenset().union(*(g.gpus for g in grants)) if grants else frozenset()
             unmet_after = {a: n - len(decision.granted.get(a, ())) if decision else n for a, n in ctx.unmet.items()}
+            if grants and self.free - taken and any(n > 0 for n in unmet_after.values()):
+                # GPUs left idle while apps want more is a resource-available event (D10): the next
+                # round offers them again, to bids made for exactly them, instead of waiting for a
+                # lease to expire (D9 gives queued apps no random gift). Only after a round that
+                # granted something, so follow-ups end.
+                self.engine._note(self.now)
             return RoundResult(
                 round_id=self.round_id,
                 now=self.now,

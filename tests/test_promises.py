@@ -264,3 +264,25 @@ def test_a_queued_app_cannot_skip_its_turn_for_a_bigger_random_gift():
     lying = round_with(((frozenset(g), 1.0),))
     assert truthful == {"w": ("auction", 2), "q": ("queue", 1)}
     assert lying == {"w": ("auction", 2)}
+
+
+def test_gpus_left_idle_while_apps_want_more_are_offered_again_at_once():
+    """D10: idle GPUs and unmet demand after a round that granted something is a resource-available
+    event: the next round follows after the coalescing window, not at the next lease expiry, and
+    there the queued app bids on exactly what is left."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    g = sorted(cluster.gpus)
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.5), lease_s=1000, expiry_window_s=0,
+                         coalesce_s=5)
+    for name in ("w", "q"):
+        engine.add_app(name, 0)
+    q_rows = lambda o: BidTable(math.inf, ((frozenset(sorted(o.gpus)[:2]), 1.0),) if len(o.gpus) == 2  # noqa: E731
+                                 else ((frozenset(g), 1.0),))
+    agents = {"w": Fixed(math.inf, 2, lambda o: BidTable(math.inf, ((frozenset(g[:2]), 1.0),)), wait=9.0),
+              "q": Fixed(math.inf, 4, q_rows, wait=8.0)}
+    first = engine.run_round(10, agents)
+    assert len(first.idle) == 2 and first.unmet_after == {"q": 4}
+    assert engine.next_wakeup() == 15 and engine.round_due(15)
+    agents["w"] = Fixed(1.0, 2)  # w has what it wants now
+    second = engine.run_round(15, agents)
+    assert {grant.app: len(grant.gpus) for grant in second.grants} == {"q": 2} and not second.idle
