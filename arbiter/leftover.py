@@ -75,8 +75,8 @@ def hand_out_leftover(
 ) -> dict[str, frozenset[str]]:
     """Grants of leftover GPUs (D9), tier by tier in a seeded random order: the apps that got no
     offer, then the apps that bid, then the apps that were offered GPUs and did not bid. ``unmet``
-    is each app's demand after the earlier grants; apps that already got GPUs this round
-    (``served``) take nothing more here. An app takes what it still wants at once, its previous
+    is each app's demand after the earlier grants; apps in ``served`` take nothing here (Themis
+    passes those that got GPUs this round and those that had their turn in tier 1). An app takes what it still wants at once, its previous
     GPUs first, then best-placed (D1), but only inside the smallest slot, machine or rack that holds
     what it keeps (``held``): under D1 more GPUs at the same locality level cannot slow an app down,
     while one GPU further out can (a gang-scheduled job runs at its slowest link)."""

@@ -107,3 +107,21 @@ def test_previous_gpus_come_first():
     sets = candidate_sets({g: CLUSTER.position(g) for g in free}, {}, [4], 2,
                           previous={g: CLUSTER.position(g) for g in prev})
     assert sets[0] == frozenset(prev)
+
+
+def test_a_row_that_moves_the_app_carries_one_restart_and_winning_back_its_gpus_none():
+    """D17: an app whose lease just ran out bids for its own GPUs at the rho it runs at, and for any
+    other GPUs of the same shape at that rho plus one restart, so it moves only when moving pays."""
+    prev = sorted(CLUSTER.machines["r0-m0"])[:4]
+    other = sorted(CLUSTER.machines["r0-m1"])[:4]
+    free = prev + other
+    offer = Offer(1, {g: CLUSTER.position(g) for g in free}, 0.0, 2.0, CLUSTER.size, held={},
+                  previous={g: CLUSTER.position(g) for g in prev})
+    app = vgg_job(4)
+    plain = dict(make_bid(app, offer).rows)
+    costly = dict(make_bid(app, offer, restart_s=300.0).rows)
+    back, move = frozenset(prev), frozenset(other)
+    assert back in costly and move in costly
+    assert costly[back] == pytest.approx(plain[back])  # no restart to win back what it runs on
+    assert costly[move] > plain[move] and costly[move] > costly[back]
+    assert plain[move] == pytest.approx(plain[back])  # same shape, same rho without the cost
