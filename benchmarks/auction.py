@@ -561,7 +561,7 @@ def run_backends(
                 base = values[DEFAULT_SOLVER]
                 mismatches.extend(
                     f"{cell_name(cell)} seed {inst.seed}: PF value {s} {v} != {DEFAULT_SOLVER} {base}"
-                    for s, v in values.items() if not v.matches(base)
+                    for s, v in values.items() if not v.matches(base, tolerance(inst))
                 )
     table = Table(title="Part C: full auction per MILP backend (median)")
     table.add_column("cell", justify="right")
