@@ -58,6 +58,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from protos.messages import BidTable, Position
 
@@ -343,6 +344,32 @@ def _search_order(comp: _Component, skip: int | None = None) -> list[int]:
     return sorted((i for i in range(len(comp.apps)) if i != skip and comp.rows[i]), key=lambda i: (-heaviest[i], i))
 
 
+def _packing(comp: _Component) -> tuple[list[tuple[int, int]], dict[int, list[int]], dict[int, list[int]]]:
+    """The set-packing model of a component for HiGHS: one 0/1 column per (app, row), and per app
+    and per GPU bit the columns that use it (at most one of each may be chosen)."""
+    cols = [(i, r) for i, rows in enumerate(comp.rows) for r in range(len(rows))]
+    by_app: dict[int, list[int]] = {}
+    by_gpu: dict[int, list[int]] = {}
+    for c, (i, r) in enumerate(cols):
+        by_app.setdefault(i, []).append(c)
+        m = comp.rows[i][r][0]
+        while m:
+            low = m & -m
+            m ^= low
+            by_gpu.setdefault(low, []).append(c)
+    return cols, by_app, by_gpu
+
+
+def _add_at_most_one(h: Any, np: Any, groups: Sequence[list[int]]) -> None:
+    """One row "sum of these columns <= 1" per group."""
+    if not groups:
+        return
+    starts = np.cumsum([0] + [len(v) for v in groups[:-1]]).astype(np.int32)
+    index = np.array([c for v in groups for c in v], dtype=np.int32)
+    h.addRows(len(groups), np.full(len(groups), -np.inf), np.ones(len(groups)), len(index), starts, index,
+              np.ones(len(index)))
+
+
 def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[int] | None:
     """The canonical allocation (D16) when the target search runs out of nodes: in the search's app
     order, fix each app to the first of its rows (canonical order, "no row" last) with which an
@@ -359,25 +386,12 @@ def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", 0.0)
-    cols = [(i, r) for i, rows in enumerate(comp.rows) for r in range(len(rows))]
+    cols, by_app, by_gpu = _packing(comp)
     n = len(cols)
     h.addCols(n, np.zeros(n), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
               np.array([], dtype=np.int32), np.array([], dtype=np.float64))
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.array([highspy.HighsVarType.kInteger] * n))
-    by_app: dict[int, list[int]] = {}
-    by_gpu: dict[int, list[int]] = {}
-    for c, (i, r) in enumerate(cols):
-        by_app.setdefault(i, []).append(c)
-        m = comp.rows[i][r][0]
-        while m:
-            low = m & -m
-            m ^= low
-            by_gpu.setdefault(low, []).append(c)
-    groups = list(by_app.values()) + list(by_gpu.values())
-    starts = np.cumsum([0] + [len(v) for v in groups[:-1]]).astype(np.int32)
-    index = np.array([c for v in groups for c in v], dtype=np.int32)
-    h.addRows(len(groups), np.full(len(groups), -np.inf), np.ones(len(groups)), len(index), starts, index,
-              np.ones(len(index)))
+    _add_at_most_one(h, np, list(by_app.values()) + list(by_gpu.values()))
     weights = np.array([float(comp.rows[i][r][1]) for i, r in cols])
     h.addRow(value - 0.5, np.inf, n, np.arange(n, dtype=np.int32), weights)  # worth the optimum
     choice = [-1] * len(comp.apps)
@@ -417,25 +431,12 @@ def _lp_prices(comp: _Component) -> dict[int, int]:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
-    cols = [(i, r) for i, rows in enumerate(comp.rows) for r in range(len(rows))]
+    cols, by_app, by_gpu = _packing(comp)
     n = len(cols)
     h.addCols(n, np.array([float(comp.rows[i][r][1]) for i, r in cols]), np.zeros(n), np.ones(n), 0,
               np.array([], dtype=np.int32), np.array([], dtype=np.int32), np.array([], dtype=np.float64))
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-    by_app: dict[int, list[int]] = {}
-    by_gpu: dict[int, list[int]] = {}
-    for c, (i, r) in enumerate(cols):
-        by_app.setdefault(i, []).append(c)
-        m = comp.rows[i][r][0]
-        while m:
-            low = m & -m
-            m ^= low
-            by_gpu.setdefault(low, []).append(c)
-    groups = list(by_app.values()) + list(by_gpu.values())
-    starts = np.cumsum([0] + [len(v) for v in groups[:-1]]).astype(np.int32)
-    index = np.array([c for v in groups for c in v], dtype=np.int32)
-    h.addRows(len(groups), np.full(len(groups), -np.inf), np.ones(len(groups)), len(index), starts, index,
-              np.ones(len(index)))
+    _add_at_most_one(h, np, list(by_app.values()) + list(by_gpu.values()))
     h.run()
     duals = h.getSolution().row_dual
     out = {}
@@ -467,34 +468,15 @@ class _HighsModel:
         h.setOptionValue("mip_allow_restart", False)
         h.setOptionValue("mip_heuristic_run_rins", False)
         h.setOptionValue("mip_heuristic_run_rens", False)
-        self.cols: list[tuple[int, int]] = []
-        costs = []
-        for i, rows in enumerate(comp.rows):
-            for r, row in enumerate(rows):
-                self.cols.append((i, r))
-                costs.append(float(row[1]))
-        n = len(self.cols)
-        self.n = n
-        h.addCols(n, np.array(costs), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
+        self.cols, by_app, by_gpu = _packing(comp)
+        n = self.n = len(self.cols)
+        costs = np.array([float(comp.rows[i][r][1]) for i, r in self.cols])
+        h.addCols(n, costs, np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
                   np.array([], dtype=np.int32), np.array([], dtype=np.float64))
         h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
                                 np.array([highspy.HighsVarType.kInteger] * n))
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        by_app: dict[int, list[int]] = {}
-        by_gpu: dict[int, list[int]] = {}
-        for c, (i, r) in enumerate(self.cols):
-            by_app.setdefault(i, []).append(c)
-            m = comp.rows[i][r][0]
-            while m:
-                low = m & -m
-                m ^= low
-                by_gpu.setdefault(low, []).append(c)
-        rows_idx = [v for v in by_app.values() if len(v) > 1] + [v for v in by_gpu.values() if len(v) > 1]
-        if rows_idx:
-            starts = np.cumsum([0] + [len(v) for v in rows_idx[:-1]]).astype(np.int32)
-            index = np.array([c for v in rows_idx for c in v], dtype=np.int32)
-            h.addRows(len(rows_idx), np.full(len(rows_idx), -np.inf), np.ones(len(rows_idx)),
-                      len(index), starts, index, np.ones(len(index)))
+        _add_at_most_one(h, np, [v for v in (*by_app.values(), *by_gpu.values()) if len(v) > 1])
         self.app_cols = by_app
         self.n_apps = len(comp.apps)
 
