@@ -67,7 +67,7 @@ from agent.placement import Position
 
 if TYPE_CHECKING:
     from arbiter.events import EventBus
-    from hyperparam_adapters.base import TrialSpec
+    from agent.trial import TrialSpec
 
 __all__ = ["JobExit", "Launcher", "Polled", "Run", "gpu_index"]
 

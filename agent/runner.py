@@ -58,7 +58,8 @@ from agent.profiler import Profiler, parse_metrics
 
 if TYPE_CHECKING:
     from arbiter.events import EventBus
-    from hyperparam_adapters.base import TrialSpec, TunerAdapter
+    from agent.trial import TrialSpec
+    from hyperparam_adapters.base import TunerAdapter
 
 __all__ = ["AppRunner", "JobReport"]
 

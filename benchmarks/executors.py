@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.executors import LocalExecutor, SlurmExecutor  # noqa: E402
 from agent.launcher import Launcher  # noqa: E402
-from hyperparam_adapters.base import TrialSpec  # noqa: E402
+from agent.trial import TrialSpec  # noqa: E402
 
 JOB = textwrap.dedent("""
     import time

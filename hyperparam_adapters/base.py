@@ -25,17 +25,9 @@ from typing import Any
 from agent.appsched import AppScheduler, JobInfo, SuccessiveHalvingScheduler
 from agent.fairness import split_allocation
 from agent.placement import Position
+from agent.trial import TrialSpec  # re-exported: its home until issue 11; adapters outside this repo import it here
 
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """A job the tuner wants running: its id, hyperparameters, GPU demand and where it resumes."""
-
-    job_id: str
-    params: Mapping[str, Any]
-    demand_max: int = 1
-    start_iteration: int = 0  # resume from this iteration (its checkpoint), 0 for a fresh start
-    target_iteration: int | None = None  # run until here (the rung's budget), None: until stopped
+__all__ = ["Observation", "Result", "TrialSpec", "TunerAdapter"]
 
 
 @dataclass(frozen=True)

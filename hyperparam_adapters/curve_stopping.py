@@ -45,7 +45,8 @@ import numpy as np
 
 from agent.appsched import CurveStoppingScheduler, JobInfo
 from agent.placement import NO_SLOWDOWN, Position, Slowdown
-from hyperparam_adapters.base import Result, TrialSpec, TunerAdapter
+from agent.trial import TrialSpec
+from hyperparam_adapters.base import Result, TunerAdapter
 from hyperparam_adapters.hyperband import IterTime, Params, Sampler, declared_time, make_sampler
 
 FAMILIES = ("optimus", "power", "exponential")

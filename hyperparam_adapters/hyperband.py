@@ -39,7 +39,8 @@ from typing import Any
 
 from agent.appsched import JobInfo, SuccessiveHalvingScheduler
 from agent.placement import NO_SLOWDOWN, Position, Slowdown
-from hyperparam_adapters.base import Result, TrialSpec, TunerAdapter
+from agent.trial import TrialSpec
+from hyperparam_adapters.base import Result, TunerAdapter
 
 Params = Mapping[str, Any]
 Sampler = Callable[[random.Random], Params]

@@ -80,7 +80,8 @@ from optuna.trial import TrialState
 from agent.appsched import CurveStoppingScheduler, JobInfo
 from agent.fairness import split_allocation
 from agent.placement import NO_SLOWDOWN, Position, Slowdown, locality_of
-from hyperparam_adapters.base import Result, TrialSpec, TunerAdapter
+from agent.trial import TrialSpec
+from hyperparam_adapters.base import Result, TunerAdapter
 
 __all__ = ["OptunaAdapter", "RungSchedule", "hyperband_bracket", "pruner_settings", "rung_schedule"]
 

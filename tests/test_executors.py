@@ -28,9 +28,9 @@ from agent.executors import LocalExecutor, SlurmExecutor, make_executor
 from agent.executors.slurm import exit_code, gres_request
 from agent.launcher import Launcher
 from agent.runner import AppRunner
+from agent.trial import TrialSpec
 from arbiter.cluster import cluster_from_mapping, load_cluster
 from arbiter.slurm_nodes import cluster_toml, parse_nodes
-from hyperparam_adapters.base import TrialSpec
 from hyperparam_adapters.hyperband import BracketTuner, Rung, SuccessiveHalvingAdapter
 from protos import themis_pb2 as pb
 from tests.service_kit import admin_stub, arbiter, credential, target, wait_for
@@ -582,7 +582,7 @@ def test_local_gpu_locks_outlive_a_dead_agent_until_its_job_is_gone(tmp_path):
         import time
         from agent.executors import LocalExecutor
         from agent.launcher import Launcher
-        from hyperparam_adapters.base import TrialSpec
+        from agent.trial import TrialSpec
         launcher = Launcher("a", [{PY!r}, {str(job)!r}, {str(tmp_path / "up")!r}], {str(tmp_path / "w")!r},
                             executor=LocalExecutor(lock_dir={str(locks)!r}), env={{"PYTHONPATH": {str(ROOT)!r}}})
         launcher.start(TrialSpec("t1", {{}}), ["m0-g0"], [("r0", "m0", "m0-g0")])

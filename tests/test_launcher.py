@@ -24,8 +24,8 @@ from agent.client import AgentClient
 from agent.job import Job
 from agent.launcher import Launcher, gpu_index
 from agent.profiler import Profiler, parse_metrics
+from agent.trial import TrialSpec
 from arbiter.events import MemoryBus, job_metrics_pattern
-from hyperparam_adapters.base import TrialSpec
 from hyperparam_adapters.hyperband import BracketTuner, Rung, SuccessiveHalvingAdapter
 from protos import themis_pb2 as pb
 from tests.service_kit import admin_stub, arbiter, credential, target, wait_for
@@ -250,7 +250,7 @@ def test_jobs_die_when_the_agent_exits_or_is_killed(tmp_path):
     agent_code = textwrap.dedent(f"""
         import sys, time
         from agent.launcher import Launcher
-        from hyperparam_adapters.base import TrialSpec
+        from agent.trial import TrialSpec
         launcher = Launcher("app", [{PY!r}, {str(counter)!r}], {str(tmp_path / "work")!r})
         launcher.start(TrialSpec("t1", {{}}), ["r0-m0-g0"])
         while not launcher.poll().metrics:  # the job runs and reports: its death signal is armed
