@@ -15,11 +15,12 @@
     now = 0
 
 Single-job apps give ``iterations`` (one number), ``iter_time`` and ``demand_max``. Every error
-names the file and the key.
+names the file and the key; an unknown key (a typo) is an error, not ignored.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
 from collections.abc import Mapping
@@ -85,12 +86,33 @@ def _slowdown(app: Mapping, where: str) -> Slowdown:
     return NO_SLOWDOWN
 
 
+_COMMON_KEYS = ("kind", "model", "slowdown", "start_time")
+APP_KEYS = {
+    "successive_halving": (*_COMMON_KEYS, "iter_times", "iterations", "job_demand_max", "budget_gpu_seconds"),
+    "single_job": (*_COMMON_KEYS, "iterations", "iter_time", "demand_max", "name"),
+}
+CONTEXT_KEYS = ("cluster", "cluster_size", "n_avg", "now")
+TABLES = ("app", "context")
+
+
+def _known(table: Mapping, known: tuple[str, ...], where: str) -> None:
+    """Issue 11: a misspelt key was silently ignored (a default took its place); name it instead."""
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise AppConfigError(f"{where}: unknown key '{key}'{hint}; known keys: {', '.join(known)}")
+
+
 def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContext]:
+    _known(data, TABLES, label)
     app = data.get("app")
     if not isinstance(app, Mapping):
         raise AppConfigError(f"{label}: needs an [app] table")
     where = f"{label}: app"
     kind = app.get("kind")
+    if kind in APP_KEYS:
+        _known(app, APP_KEYS[kind], f"{where} (kind {kind!r})")
     slowdown = _slowdown(app, where)
     start = _number(app, "start_time", where, positive=False, default=0.0)
     scheduler: AppScheduler
@@ -124,6 +146,7 @@ def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContex
     if not isinstance(ctx, Mapping):
         raise AppConfigError(f"{label}: [context] must be a table")
     cwhere = f"{label}: context"
+    _known(ctx, CONTEXT_KEYS, cwhere)
     if "cluster" in ctx:
         from arbiter.cluster import ClusterFileError, load_cluster
 

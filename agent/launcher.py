@@ -107,6 +107,13 @@ def _by_machine(gpus: Sequence[str], placement: Sequence[Position], cuda_index: 
     return [(m, tuple(sorted(groups[m]))) for m in order]  # ascending, as engines list them
 
 
+def _string_command(argv: str | bytes) -> str:
+    """Issue 11: a string was taken one character per argument ("cannot start 'p'"), retried forever."""
+    text = argv.decode() if isinstance(argv, bytes) else argv
+    return (f"the training command must be a list of arguments, not the string {text!r}: "
+            f"pass e.g. {text.split() or ['python', 'train.py']!r} (or [sys.executable, 'train.py'])")
+
+
 def _position_of(gpu: str) -> Position:
     """A best guess at (rack, machine, slot) from an id ``<rack>-m<i>-g<k>`` when no placement is given."""
     parts = gpu.split("-")
@@ -250,6 +257,8 @@ class Launcher:
         if not grace_s >= 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self.app, self.cluster, self.mqtt, self.report = app, cluster, mqtt, report
+        if isinstance(argv, (str, bytes)):
+            raise TypeError(_string_command(argv))
         self._argv = argv
         self.workdir = Path(workdir)
         self.bus, self.grace_s = bus, float(grace_s)
@@ -351,7 +360,10 @@ class Launcher:
         taken = self.gpus_in_use() & set(gpus)
         if taken:
             raise RuntimeError(f"job {job}: GPUs {sorted(taken)} are still used by another job")
-        argv = [str(a) for a in (self._argv(spec) if callable(self._argv) else self._argv)]
+        given = self._argv(spec) if callable(self._argv) else self._argv
+        if isinstance(given, (str, bytes)):
+            raise TypeError(_string_command(given))
+        argv = [str(a) for a in given]
         if not argv:
             raise ValueError(f"job {job}: empty command")
         parts = _by_machine(gpus, placement, self.cuda_index, job)

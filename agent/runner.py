@@ -24,7 +24,9 @@ grant, revocation or report arrives:
 A job that fails (non-zero exit it was not asked for, or a clean exit without progress) is restarted
 from its checkpoint up to ``max_failures`` times, then given up: ``adapter.fail(job)`` when the
 adapter has it (Optuna), else it is reported at its target iteration with an infinite loss, so a
-rung never waits for it. A launch the executor could not make (``LaunchError``: sbatch refused, the
+rung never waits for it. When ``max_failed_runs`` runs in a row fail and no job reports in between
+(a script that crashes on start, a checkpoint refused), the search stops with :class:`SearchFailed`,
+which carries the first failure's log tail (issue 11: fail fast, with the reason). A launch the executor could not make (``LaunchError``: sbatch refused, the
 controller is down) is not the job's failure: it is tried again with a growing pause (up to 30 s).
 
 The runner records what a summary needs: the rho the agent reported in each round it was asked
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
     from agent.trial import TrialSpec
     from hyperparam_adapters.base import TunerAdapter
 
-__all__ = ["AppRunner", "JobReport"]
+__all__ = ["AppRunner", "JobReport", "SearchFailed"]
 
 log = logging.getLogger("themis.runner")
 
@@ -80,6 +82,29 @@ class JobReport:
     serial_s: float  # what the adapter was told
     gpus: int
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class SearchFailed(RuntimeError):
+    """The search's runs keep failing (issue 11: a crashing script made all 60 launches and the
+    search "finished" with no result). Carries the first failure of the streak: its job, why, and
+    the tail of its log, which is usually the traceback the user needs."""
+
+    def __init__(self, app: str, runs: int, job: str, why: str, log_path: Path, log_tail: str) -> None:
+        self.app, self.runs, self.job, self.why, self.log_path, self.log_tail = app, runs, job, why, log_path, log_tail
+        tail = "\n".join("    " + line for line in log_tail.splitlines()) or "    (empty)"
+        super().__init__(f"{app}: stopping the search: its last {runs} runs failed with no job reporting in between; "
+                         f"the first: job {job} ({why}); the end of {log_path}:\n{tail}")
+
+
+def _log_tail(path: Path, lines: int = 20, limit: int = 8192) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
 def _takes_gpus(fn: Callable) -> bool:
@@ -103,8 +128,10 @@ class AppRunner:
         tick_s: float = 0.1,
         grace_s: float | None = None,
         max_failures: int = 3,
+        max_failed_runs: int | None = 5,
         report_wait_s: float | None = None,
         rho_every_s: float = 1.0,
+        quiet: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if launcher.report == "mqtt" and bus is None:
@@ -112,7 +139,11 @@ class AppRunner:
         self.adapter, self.client, self.launcher = adapter, client, launcher
         self.profiler, self.bus = profiler, bus
         self.tick_s, self.max_failures, self.clock = tick_s, max_failures, clock
+        if max_failed_runs is not None and max_failed_runs < 1:
+            raise ValueError(f"max_failed_runs must be >= 1 or None, got {max_failed_runs!r}")
+        self.max_failed_runs = max_failed_runs
         self.rho_every_s = rho_every_s
+        self.quiet = quiet
         self.grace_s = launcher.grace_s if grace_s is None else grace_s
         # a job that exits by itself is not restarted before its last report can have arrived
         self.report_wait_s = (2.0 if launcher.report == "mqtt" else 0.0) if report_wait_s is None else report_wait_s
@@ -128,6 +159,7 @@ class AppRunner:
         self.failures: Counter[str] = Counter()
         self._launch_errors: Counter[str] = Counter()  # consecutive LaunchErrors (engine down): backoff
         self.failed: set[str] = set()
+        self._failed_streak: list[tuple[str, str, str]] = []  # (job, why, log tail): failures since the last report
         self.rejected = 0  # reports that were not usable
         self.started_at: float | None = None
         self.finished_at: float | None = None
@@ -313,6 +345,7 @@ class AppRunner:
                     to_stop.append(j)
         for exited in polled.exited:
             self._on_exit(exited)
+        self._check_failing()
         for job in to_stop:
             run = self.launcher.run_of(job)
             if run is None or not run.active:
@@ -380,6 +413,7 @@ class AppRunner:
                 self._resuming[job] = after
             self._note("start", job=job, gpus=list(gpus), resumed=run.resumed, start_iteration=spec.start_iteration,
                        target_iteration=spec.target_iteration, after=after)
+        self._check_failing()
         demand = self.adapter.demand_now()
         self._update_demand(demand)
         self._sample_rho(held)
@@ -441,6 +475,7 @@ class AppRunner:
         serial = self.serial_time(m.iter_time_s, m.gpus, m.demand)
         self.reports.append(JobReport(self.clock(), job, m.iteration, m.loss, m.iter_time_s, serial, len(m.gpus), extra))
         self._progress[job] = max(self._progress.get(job, -1.0), m.iteration)
+        self._failed_streak.clear()
         if job in self._resuming:  # the first report of a resumed run: it went on from its checkpoint
             self.resumes.append({"job": job, "from_iteration": m.iteration - 1, "after": self._resuming.pop(job)})
         if self.profiler is not None:
@@ -475,8 +510,16 @@ class AppRunner:
         log.warning("%s: job %s failed (%s); see %s", self.app, job, why, self.launcher.log_path(job))
         self._fail(job, why)
 
+    def _check_failing(self) -> None:
+        """Issue 11's fail-fast bound: ``max_failed_runs`` failed runs in a row, nobody reporting."""
+        if self.max_failed_runs is None or len(self._failed_streak) < self.max_failed_runs:
+            return
+        job, why, tail = self._failed_streak[0]
+        raise SearchFailed(self.app, len(self._failed_streak), job, why, self.launcher.log_path(job), tail)
+
     def _fail(self, job: str, why: str) -> None:
         self.failures[job] += 1
+        self._failed_streak.append((job, why, _log_tail(self.launcher.log_path(job)) if not self._failed_streak else ""))
         if self.failures[job] < self.max_failures:
             self._hold[job] = time.monotonic() + 0.5 * self.failures[job]
             return

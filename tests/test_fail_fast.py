@@ -1,0 +1,110 @@
+"""Fail fast, with the reason (issue 11, item 3): a search whose runs keep failing stops with the first
+failure's log; a command given as a string is refused at once; a typo in an app file is named."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.agent import Agent
+from agent.app_config import AppConfigError, app_from_mapping, load_app
+from agent.client import AgentClient
+from agent.launcher import Launcher
+from agent.runner import AppRunner, SearchFailed
+from agent.trial import TrialSpec
+from hyperparam_adapters.hyperband import HyperbandAdapter
+from tests.service_kit import arbiter, credential, target
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parents[1]
+CRASH = "import sys\nprint('loading data from /nowhere/train.csv')\nraise FileNotFoundError('/nowhere/train.csv')\n"
+
+
+def test_a_crashing_training_script_stops_the_search_with_its_error(tmp_path):
+    crash = tmp_path / "train.py"
+    crash.write_text(CRASH)
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            adapter = HyperbandAdapter({"lr": [0.1, 0.01]}, max_resource=9, eta=3, iter_time=0.05)
+            client = AgentClient(Agent(adapter), "crashy", target(server), await credential(server, "crashy"),
+                                 backoff_s=(0.05, 0.5))
+            launcher = Launcher("crashy", [PY, str(crash)], tmp_path / "w", cluster="test-8", grace_s=2.0)
+            runner = AppRunner(adapter, client, launcher, max_failures=2, max_failed_runs=4, quiet=True)
+            with pytest.raises(SearchFailed) as caught:
+                await runner.run(timeout=60)
+            return runner, caught.value
+
+    runner, error = asyncio.run(asyncio.wait_for(scenario(), 90))
+    # without the bound: 9 trials x 2 tries, and the search "finishes" with no result; with it: one
+    # wave of starts on the 8 GPUs at most (several may fail in the same poll), then the error
+    assert error.runs >= 4 and sum(runner.launcher.starts.values()) <= 8
+    assert all(e.returncode == 1 for e in runner.launcher.history)
+    assert "FileNotFoundError: /nowhere/train.csv" in str(error) and "exit code 1" in str(error)
+    assert error.job in runner.launcher.starts and not runner.launcher.live()  # nothing left running
+
+
+def test_a_search_whose_jobs_report_is_not_stopped_by_a_few_failures(tmp_path):
+    """The bound counts failures with no report in between: one job reporting resets it."""
+    flaky = tmp_path / "train.py"
+    flaky.write_text("import sys\nfrom agent.job import Job\njob = Job.from_env()\n"
+                     "if job.params['lr'] == 0.1:\n    raise SystemExit(2)\n"
+                     "state = job.resume() or {'it': 0}\nit = state['it']\n"
+                     "while not job.step(it + 1, 1.0 / (it + 1)):\n    it += 1\njob.save({'it': it + 1})\n")
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            adapter = HyperbandAdapter({"lr": [0.1, 0.01]}, max_resource=3, eta=3, iter_time=0.05, seed=1)
+            client = AgentClient(Agent(adapter), "flaky", target(server), await credential(server, "flaky"),
+                                 backoff_s=(0.05, 0.5))
+            launcher = Launcher("flaky", [PY, str(flaky)], tmp_path / "w", cluster="test-8", grace_s=2.0,
+                                env={"PYTHONPATH": str(ROOT)})
+            runner = AppRunner(adapter, client, launcher, max_failures=1, max_failed_runs=3, quiet=True)
+            await runner.run(timeout=60)
+            return runner, adapter
+
+    runner, adapter = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert runner.finished and runner.failed and adapter.best() is not None
+    assert adapter.best().params["lr"] == 0.01
+
+
+def test_a_command_given_as_a_string_is_refused_at_once(tmp_path):
+    with pytest.raises(TypeError, match=r"list of arguments, not the string 'python train.py'.*\['python', 'train.py'\]"):
+        Launcher("a", "python train.py", tmp_path)
+    launcher = Launcher("a", lambda spec: f"python train.py --lr {spec.params['lr']}", tmp_path)
+    with pytest.raises(TypeError, match="list of arguments"):
+        launcher.start(TrialSpec("t1", {"lr": 0.1}), ["r0-m0-g0"])
+    assert not launcher.live() and not launcher.starts
+
+
+APP = {"app": {"kind": "successive_halving", "iter_times": [1, 2], "iterations": [2, 4]},
+       "context": {"cluster_size": 4}}
+
+
+@pytest.mark.parametrize("table, key, hint", [
+    ("app", "iter_time", "iter_times"),
+    ("app", "job_demand", "job_demand_max"),
+    ("context", "navg", "n_avg"),
+    (None, "contxt", "context"),
+])
+def test_a_typo_in_an_app_file_names_the_key_and_the_file(tmp_path, table, key, hint):
+    text = ('[app]\nkind = "successive_halving"\niter_times = [1, 2]\niterations = [2, 4]\n'
+            '[context]\ncluster_size = 4\n')
+    if table is None:
+        text += f"[{key}]\nx = 1\n"
+    else:
+        text = text.replace(f"[{table}]\n", f"[{table}]\n{key} = 3\n")
+    path = tmp_path / "search.toml"
+    path.write_text(text)
+    with pytest.raises(AppConfigError) as caught:
+        load_app(path)
+    message = str(caught.value)
+    assert str(path) in message and f"unknown key '{key}'" in message and f"did you mean '{hint}'" in message
+
+
+def test_a_correct_app_file_still_loads():
+    app, ctx = app_from_mapping(APP, "inline")
+    assert ctx.cluster_size == 4 and app.num_phases() == 2
