@@ -370,6 +370,38 @@ def _add_at_most_one(h: Any, np: Any, groups: Sequence[list[int]]) -> None:
               np.ones(len(index)))
 
 
+_banner_lock = threading.Lock()
+_banner_shown = False
+
+
+def _new_highs() -> Any:
+    """A HiGHS instance with its output off. highspy 1.16 prints a licence banner on stdout while
+    the first instance of a process is constructed, before any option can be set (issue 11: the
+    main job's table started with it); that one construction runs with file descriptor 1 on
+    /dev/null."""
+    global _banner_shown
+    import highspy
+
+    with _banner_lock:
+        if _banner_shown:
+            h = highspy.Highs()
+        else:
+            import sys
+
+            sys.stdout.flush()
+            saved = os.dup(1)
+            try:
+                with open(os.devnull, "w") as null:
+                    os.dup2(null.fileno(), 1)
+                    h = highspy.Highs()
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+            _banner_shown = True
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[int] | None:
     """The canonical allocation (D16) when the target search runs out of nodes: in the search's app
     order, fix each app to the first of its rows (canonical order, "no row" last) with which an
@@ -382,8 +414,7 @@ def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[
     import numpy as np
 
     deadline = time.monotonic() + budget_s
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", 0.0)
     cols, by_app, by_gpu = _packing(comp)
@@ -428,8 +459,7 @@ def _lp_prices(comp: _Component) -> dict[int, int]:
     import highspy
     import numpy as np
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("threads", 1)
     cols, by_app, by_gpu = _packing(comp)
     n = len(cols)
@@ -455,9 +485,8 @@ class _HighsModel:
         import numpy as np
 
         self.np = np
-        self.h = highspy.Highs()
+        self.h = _new_highs()
         h = self.h
-        h.setOptionValue("output_flag", False)
         h.setOptionValue("mip_rel_gap", 0.0)
         # Tight, not 0.5: HiGHS measures the gap on its scaled objective, and a "gap below one weight
         # unit" there let 1.15 and 1.16 stop at different re-solve values (c_i 0.958 vs 1.0, D16).

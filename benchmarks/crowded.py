@@ -30,7 +30,7 @@ from rich.table import Table
 # Run as a script, this folder comes first on sys.path, and its simulator.py would hide the package.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from simulator.cli import run_seeds  # noqa: E402
+from simulator.runs import run_seeds  # noqa: E402
 from simulator.seeds import fmt, interval  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "shockwave"

@@ -11,7 +11,9 @@ stamp="$root/.venv/.themis-installed"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$root/.venv/bin/python" -m pip install --quiet --upgrade pip >&2
-    "$root/.venv/bin/python" -m pip install --quiet -e "$root[test]" >&2
+    # setuptools' notice on every editable install of a flat layout is informational; silenced so a
+    # clean install prints nothing (issue 11 item 6). Real errors still fail the script.
+    PYTHONWARNINGS=ignore "$root/.venv/bin/python" -m pip install --quiet -e "$root[test]" >&2
     echo "$want" > "$stamp"
 fi
 export PATH="$root/.venv/bin:$PATH"

@@ -24,81 +24,30 @@ from rich.table import Table
 from arbiter.cluster import ClusterFileError, load_cluster
 from arbiter.policies import POLICIES, make_policy
 from arbiter.rounds import DEFAULT_COALESCE_S
-from simulator.engine import DEFAULT_RESTART_S, Simulation
-from simulator.metrics import summarize, write_summary
-from simulator.workloads import load_workload
+from simulator.engine import DEFAULT_RESTART_S
+from simulator.metrics import write_summary
+from simulator.runs import run_seeds, simulate
 
 DEFAULT_POLICIES = "themis,gandiva,tiresias,optimus,slaq"
 console = Console(stderr=True)
-out_console = Console(width=160)
+out_console = Console(width=200)
 
 
-def simulate(
-    *,
-    cluster: str,
-    workload: str,
-    policy: str,
-    fairness_knob: float = 0.8,
-    lease: float = 600.0,
-    restart: float = DEFAULT_RESTART_S,
-    coalesce: float = DEFAULT_COALESCE_S,
-    expiry_window: float | None = None,
-    seed: int = 0,
-    show_progress: bool = True,
-    workload_knobs: dict[str, Any] | None = None,
-    agent_factory=None,
-    strategy: tuple[str, float, Sequence[str]] | None = None,
-) -> dict[str, Any]:
-    """One simulation, returned as its summary (the unit every command and experiment uses).
-
-    ``strategy`` = (name, level, apps) makes those apps bid through ``simulator.strategic`` (``"*"``
-    for every app); unlike ``agent_factory`` it can be sent to another process."""
-    the_cluster = load_cluster(cluster)
-    the_workload = load_workload(workload, seed=seed, **(workload_knobs or {}))
-    if strategy is not None:
-        from simulator.strategic import liar_factory
-
-        name, level, liars = strategy
-        chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
-        agent_factory = liar_factory(chosen, name, level, seed)
-    options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
-    sim = Simulation(
-        the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
-        coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
-    )
-    if show_progress:
-        with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("apps done, t={task.fields[t]:.0f}s"), TimeElapsedColumn(), console=console,
-                      transient=True) as bar:
-            task = bar.add_task("sim", total=len(the_workload.apps), t=0.0)
-
-            def tick(now: float) -> None:
-                done = sum(1 for r in sim.runs.values() if r.finished_at is not None)
-                bar.update(task, completed=done, t=now)
-
-            result = sim.run(progress=tick)
-    else:
-        result = sim.run()
-    return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
-                     restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
-                     workload_source=the_workload.source)
-
-
-HEADLINE = [
-    ("policy", "policy", "{}", 1.0),
-    ("max rho", "max_rho", "{:.2f}", 1.0),
-    ("max, Tid>=10m", "max_rho_floor", "{:.2f}", 1.0),
-    ("p99", "p99_rho", "{:.2f}", 1.0),
-    ("mean", "mean_rho", "{:.2f}", 1.0),
-    ("Jain", "jain_rho", "{:.3f}", 1.0),
-    ("max rho_sh", "max_rho_share", "{:.2f}", 1.0),
-    ("rho_sh>1", "share_rho_share_gt_1", "{:.0%}", 1.0),
-    ("JCT h", "avg_jct", "{:.2f}", 3600.0),
-    ("GPU h", "gpu_time", "{:.0f}", 3600.0),
-    ("place", "mean_placement_score", "{:.3f}", 1.0),
-    ("rst/job", "restarts_per_job", "{:.1f}", 1.0),
-    ("by bids", "by_bids", "{:.0%}", 1.0),
-    ("wall s", "wall_seconds", "{:.0f}", 1.0),
+HEADLINE = [  # label, summary key, format, scale, better (-1 lower, +1 higher, 0 not ranked)
+    ("policy", "policy", "{}", 1.0, 0),
+    ("max rho", "max_rho", "{:.2f}", 1.0, -1),
+    ("max, Tid>=10m", "max_rho_floor", "{:.2f}", 1.0, -1),
+    ("p99", "p99_rho", "{:.2f}", 1.0, -1),
+    ("mean", "mean_rho", "{:.2f}", 1.0, -1),
+    ("Jain", "jain_rho", "{:.3f}", 1.0, 1),
+    ("max rho_sh", "max_rho_share", "{:.2f}", 1.0, -1),
+    ("rho_sh>1", "share_rho_share_gt_1", "{:.0%}", 1.0, -1),
+    ("JCT h", "avg_jct", "{:.2f}", 3600.0, -1),
+    ("GPU h", "gpu_time", "{:.0f}", 3600.0, -1),
+    ("place", "mean_placement_score", "{:.3f}", 1.0, 1),
+    ("rst/job", "restarts_per_job", "{:.1f}", 1.0, -1),
+    ("by bids", "by_bids", "{:.0%}", 1.0, 0),
+    ("wall s", "wall_seconds", "{:.0f}", 1.0, 0),
 ]
 
 
@@ -116,43 +65,43 @@ def _by_bids(s: dict[str, Any]) -> dict[str, Any] | float | None:
     return a + q
 
 
+def _mean(value: Any) -> float | None:
+    if isinstance(value, dict):
+        return value.get("mean")
+    return value if isinstance(value, int | float) else None
+
+
 def summary_table(summaries: Sequence[dict[str, Any]], title: str) -> Table:
     """One row per policy; a metric aggregated over seeds shows 'mean±95% half-width'. rho_sh is the
     contention-normalised rho (time on a dedicated 1/N_avg share); 'by bids' the share of GPUs the
-    auction and the reserve placed in rounds with bidders (D9, D14)."""
+    auction and the reserve placed in rounds with bidders (D9, D14). The best value of each ranked
+    column (by the mean, as printed) has a * and is bold green: a newcomer sees at a glance which policy wins
+    what (issue 11)."""
     from simulator.seeds import fmt
 
-    table = Table(title=title)
-    for name, _, _, _ in HEADLINE:
+    table = Table(title=title, caption="* (bold green): best mean in its column; lower is better except Jain and place")
+    for name, _, _, _, _ in HEADLINE:
         table.add_column(name, justify="right")
-    for s in summaries:
+    rows = [[_by_bids(s) if key == "by_bids" else s.get(key) for _, key, _, _, _ in HEADLINE] for s in summaries]
+    best: dict[int, str] = {}
+    for c, (_, _, spec, scale, better) in enumerate(HEADLINE):
+        shown = [(fmt(r[c], spec, scale).split("±")[0], _mean(r[c])) for r in rows if _mean(r[c]) is not None]
+        if better and len(shown) > 1:
+            pick = min if better < 0 else max
+            best[c] = pick(shown, key=lambda t: t[1])[0]
+    for r in rows:
         cells = []
-        for _, key, spec, scale in HEADLINE:
-            value = _by_bids(s) if key == "by_bids" else s.get(key)
-            cells.append("-" if value is None else value if key == "policy" else fmt(value, spec, scale))
+        for c, (_, key, spec, scale, _) in enumerate(HEADLINE):
+            value = r[c]
+            if value is None:
+                cells.append("-")
+            elif key == "policy":
+                cells.append(value)
+            else:
+                text = fmt(value, spec, scale)
+                cells.append(f"[bold green]{text}*[/]" if best.get(c) == text.split("±")[0] else text)
         table.add_row(*cells)
     return table
-
-
-def simulate_quietly(**kw: Any) -> dict[str, Any]:
-    """``simulate`` without a progress bar (for worker processes)."""
-    return simulate(show_progress=False, **kw)
-
-
-def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int | None,
-              label: str) -> list[list[dict[str, Any]]]:
-    """Every run (``simulate`` keyword arguments) at every seed, in parallel processes with a
-    progress bar; per run, its summaries in seed order."""
-    from simulator.seeds import run_parallel
-
-    jobs = [{**run, "seed": seed} for run in runs for seed in seeds]
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("runs", total=len(jobs))
-        done = run_parallel(simulate_quietly, jobs, workers=workers,
-                            progress=lambda n: bar.update(task, completed=n))
-    k = len(seeds)
-    return [done[i * k:(i + 1) * k] for i in range(len(runs))]
 
 
 def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:

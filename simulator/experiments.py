@@ -6,7 +6,7 @@ Every point of every figure is run at ``--seeds`` seeds (default 5) in parallel 
 reported as its mean with a 95% interval; the JSON keeps every seed's value and the plots draw
 error bars (``simulator.seeds``). ``--quick`` swaps the two-week Philly workloads for smaller
 synthetic ones and uses fewer points; docs/reproduction.md says which numbers came from which
-mode. Nothing here tunes the mechanism: every run is ``simulator.cli.simulate`` with the defaults
+mode. Nothing here tunes the mechanism: every run is ``simulator.runs.simulate`` with the defaults
 of the mechanism (D1-D17) unless the figure varies a knob. Cluster files an experiment makes (Fig.
 12's smaller clusters, Fig. 15's) are written into its ``--out`` folder.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.cluster import load_cluster
-from simulator.cli import run_seeds
+from simulator.runs import run_seeds
 from simulator.plots import compare_plots, line_plot
 from simulator.seeds import aggregate
 

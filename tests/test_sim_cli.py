@@ -117,3 +117,21 @@ def test_experiments_take_a_policy_list_and_seeds(tmp_path):
     point = result["policies"]["themis"]["max_rho"][0]
     assert len(point["values"]) == 2 and point["half"] >= 0
     assert (tmp_path / "max_rho.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_table_marks_the_best_value_of_each_column():
+    """issue 11: the main job's table shows at a glance who wins what (lower is better except Jain)."""
+    from rich.console import Console
+
+    from simulator.cli import summary_table
+
+    rows = [{"policy": "a", "max_rho": 2.0, "jain_rho": 0.9, "gpu_time": 7200.0},
+            {"policy": "b", "max_rho": 1.5, "jain_rho": 0.5, "gpu_time": 7200.0},
+            {"policy": "c", "max_rho": {"mean": 3.0, "half": 0.1}, "jain_rho": 0.7, "gpu_time": 9000.0}]
+    console = Console(width=250, record=True, color_system=None)
+    console.print(summary_table(rows, "t"))
+    lines = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if line.count("│") > 3}
+    assert "1.50*" in lines["b"] and "2.00*" not in lines["a"] and "3.00±0.10*" not in lines["c"]
+    assert "0.900*" in lines["a"] and "0.500*" not in lines["b"]
+    assert lines["a"].count("2*") == 1 and lines["b"].count("2*") == 1  # a tie marks both (GPU h 2)
+    assert "9*" not in lines["c"]

@@ -327,3 +327,15 @@ def test_a_row_of_empty_fields_is_not_skipped(tmp_path):
     path = write(tmp_path, f"{USER_HEADER}\n,,,,,,\n")
     with pytest.raises(TraceError, match=r":2: app and job must not be empty"):
         load_trace_csv(path)
+
+
+def test_contended_offers_twice_what_testbed_64_can_do():
+    """The main job's workload (issue 11): the generator at offered load 2 on 64 GPUs (what ``load``
+    means is test_load_sets_the_arrival_rate's), small's kinds of apps, its own name."""
+    w = load_workload("contended")
+    assert w.name == "contended" and len(w.apps) == 48 and w == load_workload("contended")
+    assert {a.kind for a in w.apps} == {"fixed", "successive_halving"}
+    same = load_workload("synthetic", apps=48, app_size=(2, 8), kind=["fixed", "successive_halving"], load=2.0,
+                         cluster_gpus=64, job_duration_s=(600.0, 3600.0))
+    assert w.apps == same.apps
+    assert load_workload("contended", seed=1) != w

@@ -1,0 +1,96 @@
+"""One simulation and a batch of them over seeds: the unit every command and experiment runs.
+
+Kept apart from ``simulator.cli`` (issue 11 item 8) so the experiments, the strategic study and
+the benchmarks import the runs without importing the command line that imports them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from arbiter.cluster import load_cluster
+from arbiter.policies import make_policy
+from arbiter.rounds import DEFAULT_COALESCE_S
+from simulator.engine import DEFAULT_RESTART_S, Simulation
+from simulator.metrics import summarize
+from simulator.workloads import load_workload
+
+__all__ = ["run_seeds", "simulate", "simulate_quietly"]
+
+console = Console(stderr=True)
+
+
+def simulate(
+    *,
+    cluster: str,
+    workload: str,
+    policy: str,
+    fairness_knob: float = 0.8,
+    lease: float = 600.0,
+    restart: float = DEFAULT_RESTART_S,
+    coalesce: float = DEFAULT_COALESCE_S,
+    expiry_window: float | None = None,
+    seed: int = 0,
+    show_progress: bool = True,
+    workload_knobs: dict[str, Any] | None = None,
+    agent_factory=None,
+    strategy: tuple[str, float, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """One simulation, returned as its summary (the unit every command and experiment uses).
+
+    ``strategy`` = (name, level, apps) makes those apps bid through ``simulator.strategic`` (``"*"``
+    for every app); unlike ``agent_factory`` it can be sent to another process."""
+    the_cluster = load_cluster(cluster)
+    the_workload = load_workload(workload, seed=seed, **(workload_knobs or {}))
+    if strategy is not None:
+        from simulator.strategic import liar_factory
+
+        name, level, liars = strategy
+        chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
+        agent_factory = liar_factory(chosen, name, level, seed)
+    options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
+    sim = Simulation(
+        the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
+        coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
+    )
+    if show_progress:
+        with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("apps done, t={task.fields[t]:.0f}s"), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            task = bar.add_task("sim", total=len(the_workload.apps), t=0.0)
+
+            def tick(now: float) -> None:
+                done = sum(1 for r in sim.runs.values() if r.finished_at is not None)
+                bar.update(task, completed=done, t=now)
+
+            result = sim.run(progress=tick)
+    else:
+        result = sim.run()
+    return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
+                     restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
+                     workload_source=the_workload.source)
+
+
+def simulate_quietly(**kw: Any) -> dict[str, Any]:
+    """``simulate`` without a progress bar (for worker processes)."""
+    return simulate(show_progress=False, **kw)
+
+
+def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int | None,
+              label: str) -> list[list[dict[str, Any]]]:
+    """Every run (``simulate`` keyword arguments) at every seed, in parallel processes with a
+    progress bar; per run, its summaries in seed order."""
+    from simulator.seeds import run_parallel
+
+    jobs = [{**run, "seed": seed} for run in runs for seed in seeds]
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("runs", total=len(jobs))
+        done = run_parallel(simulate_quietly, jobs, workers=workers,
+                            progress=lambda n: bar.update(task, completed=n))
+    k = len(seeds)
+    return [done[i * k:(i + 1) * k] for i in range(len(runs))]
