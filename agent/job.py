@@ -10,7 +10,10 @@ Two lines in a training loop::
     job.save(state)                           # checkpoint (atomic); exit 0
 
 ``job.resume()`` returns what the last ``job.save`` stored (None on a first start), so a job that lost
-its GPUs goes on from its checkpoint on the next grant. ``job.params`` are the trial's
+its GPUs goes on from its checkpoint on the next grant. A checkpoint records who wrote it (the run of
+the search, ``THEMIS_RUN``, the job and its hyperparameters), and a job the launcher started refuses
+one another trial wrote (:class:`CheckpointMismatch`, issue 11): it never trains on from someone
+else's model. ``job.params`` are the trial's
 hyperparameters (``THEMIS_PARAMS``).
 
 What :meth:`Job.step` answers. True when the job should checkpoint and exit: the launcher sent SIGTERM
@@ -67,15 +70,21 @@ from typing import Any
 from agent.placement import Position
 from agent.profiler import metrics_payload
 
-__all__ = ["GpuMismatch", "Job"]
+__all__ = ["CheckpointMismatch", "GpuMismatch", "Job"]
 
 
 class GpuMismatch(RuntimeError):
     """The engine gave the job other GPUs than its lease names."""
 
+
+class CheckpointMismatch(RuntimeError):
+    """The checkpoint at the job's path was written by another trial (another run of the search,
+    another job, other hyperparameters): resuming from it would corrupt the search (issue 11)."""
+
 log = logging.getLogger("themis.job")
 
 _PR_SET_PDEATHSIG = 1
+_OWNER = "themis_checkpoint_owner"
 
 
 def _die_with_parent() -> None:
@@ -167,8 +176,9 @@ class Job:
         heartbeat: str | os.PathLike[str] | None = None,
         heartbeat_timeout_s: float = 60.0,
         handle_sigterm: bool = True,
+        run: str = "",
     ) -> None:
-        self.app, self.job_id = app, job_id
+        self.app, self.job_id, self.run = app, job_id, run
         self.gpus, self.placement, self.demand = gpus, placement, demand
         self.checkpoint = checkpoint
         self.metrics_topic = metrics_topic
@@ -234,6 +244,7 @@ class Job:
             heartbeat=env.get("THEMIS_HEARTBEAT") or None,
             heartbeat_timeout_s=float(env.get("THEMIS_HEARTBEAT_TIMEOUT") or 60.0),
             handle_sigterm=handle_sigterm,
+            run=env.get("THEMIS_RUN", ""),
         )
 
     # -- stopping ---------------------------------------------------------------------------------
@@ -326,11 +337,19 @@ class Job:
 
     # -- checkpoints ------------------------------------------------------------------------------
 
+    @property
+    def owner(self) -> dict[str, str]:
+        """Who this run of the job is, as its checkpoints record it: run, job, hyperparameters."""
+        return {"run": self.run, "job": self.job_id,
+                "params": json.dumps(self.params, sort_keys=True, separators=(",", ":"), default=str)}
+
     def save(self, state: Any) -> None:
         """Pickle ``state`` to the checkpoint path atomically (a job killed mid-save keeps the old
-        checkpoint). Without a checkpoint path (run by hand), nothing is written."""
+        checkpoint), with :attr:`owner` beside it. Without a checkpoint path (run by hand), nothing
+        is written."""
         if self.checkpoint is None:
             return
+        state = {_OWNER: self.owner, "state": state}
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoint.with_name(f".{self.checkpoint.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
@@ -346,7 +365,17 @@ class Job:
         if self.checkpoint is None or not self.checkpoint.exists():
             return None
         with open(self.checkpoint, "rb") as f:
-            return pickle.load(f)
+            data = pickle.load(f)
+        owner = data.get(_OWNER) if isinstance(data, dict) else None
+        if self.job_id and owner != self.owner:  # started by a launcher: only its own checkpoint
+            found = "no owner (not written by agent.job)" if owner is None else (
+                f"run {owner.get('run') or '-'}, job {owner.get('job')}, params {owner.get('params')}")
+            raise CheckpointMismatch(
+                f"refusing the checkpoint {self.checkpoint}: it was written by {found}, and this is run "
+                f"{self.run or '-'}, job {self.job_id}, params {self.owner['params']}. Resuming it would train "
+                "another trial's model. Start the search in a new workdir or delete the checkpoint; to go on "
+                "with an interrupted search on purpose, resume it (AppRunner.create(resume=True)).")
+        return data["state"] if owner is not None else data
 
     def close(self) -> None:
         """Flush MQTT reports (also run at exit). From here on SIGTERM is ignored: the job is on its

@@ -6,8 +6,9 @@
   :func:`gpu_index`), so a training framework sees exactly the job's GPUs;
 * ``THEMIS_APP``, ``THEMIS_JOB``, ``THEMIS_GPUS`` (the full GPU ids, comma-separated),
   ``THEMIS_PLACEMENT`` (JSON ``[[rack, machine, slot], ...]``, what metrics carry),
-  ``THEMIS_DEMAND``, ``THEMIS_CHECKPOINT`` (``<workdir>/<job>/checkpoint.pkl``: the same path on
-  every start of the job, which is how a restarted job resumes), ``THEMIS_METRICS_TOPIC``
+  ``THEMIS_DEMAND``, ``THEMIS_CHECKPOINT`` (``<workdir>/<run>/<job>/checkpoint.pkl``: the same path
+  on every start of the job in this run of the search, which is how a restarted job resumes; see
+  ``agent.search_run``), ``THEMIS_RUN`` (the run id, which ``agent.job`` writes into checkpoints), ``THEMIS_METRICS_TOPIC``
   (``themis/<cluster>/apps/<app>/jobs/<job>/metrics``), ``THEMIS_PARAMS`` (the trial's
   hyperparameters, JSON), ``THEMIS_START_ITERATION`` / ``THEMIS_TARGET_ITERATION`` (where the tuner
   thinks the job resumes and where it should stop), ``THEMIS_LAUNCHER_PID``;
@@ -107,7 +108,7 @@ def _by_machine(gpus: Sequence[str], placement: Sequence[Position], cuda_index: 
     return [(m, tuple(sorted(groups[m]))) for m in order]  # ascending, as engines list them
 
 
-def _string_command(argv: str | bytes) -> str:
+def string_command(argv: str | bytes) -> str:
     """Issue 11: a string was taken one character per argument ("cannot start 'p'"), retried forever."""
     text = argv.decode() if isinstance(argv, bytes) else argv
     return (f"the training command must be a list of arguments, not the string {text!r}: "
@@ -236,6 +237,7 @@ class Launcher:
         clock: Callable[[], float] = time.time,
         executor: Executor | str | None = None,
         heartbeat_timeout_s: float = 60.0,
+        run_id: str | None = None,
     ) -> None:
         from arbiter.events import check_segment
 
@@ -258,9 +260,12 @@ class Launcher:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self.app, self.cluster, self.mqtt, self.report = app, cluster, mqtt, report
         if isinstance(argv, (str, bytes)):
-            raise TypeError(_string_command(argv))
+            raise TypeError(string_command(argv))
         self._argv = argv
         self.workdir = Path(workdir)
+        if run_id is not None and (not _JOB_ID.match(run_id) or run_id in (".", "..")):
+            raise ValueError(f"run id {run_id!r} must be 1-128 characters of A-Z a-z 0-9 . _ -")
+        self.run_id = run_id
         self.bus, self.grace_s = bus, float(grace_s)
         self.env = dict(env or {})
         self.cwd = cwd
@@ -275,8 +280,14 @@ class Launcher:
 
     # -- paths and environment --------------------------------------------------------------------
 
+    @property
+    def run_dir(self) -> Path:
+        """Where this run's job folders and records go: ``<workdir>/<run id>`` (``agent.search_run``),
+        or the workdir itself for a launcher made without a run id."""
+        return self.workdir / self.run_id if self.run_id else self.workdir
+
     def job_dir(self, job_id: str) -> Path:
-        return self.workdir / job_id
+        return self.run_dir / job_id
 
     def checkpoint_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "checkpoint.pkl"
@@ -327,6 +338,7 @@ class Launcher:
             "THEMIS_PLACEMENT": json.dumps([list(p) for p in placement]),
             "THEMIS_DEMAND": str(int(spec.demand_max)),
             "THEMIS_CHECKPOINT": str(self.checkpoint_path(spec.job_id)),
+            "THEMIS_RUN": self.run_id or "",
             "THEMIS_METRICS_TOPIC": self.metrics_topic(spec.job_id),
             "THEMIS_PARAMS": json.dumps(dict(spec.params), sort_keys=True, default=str),
             "THEMIS_START_ITERATION": str(int(spec.start_iteration)),
@@ -362,7 +374,7 @@ class Launcher:
             raise RuntimeError(f"job {job}: GPUs {sorted(taken)} are still used by another job")
         given = self._argv(spec) if callable(self._argv) else self._argv
         if isinstance(given, (str, bytes)):
-            raise TypeError(_string_command(given))
+            raise TypeError(string_command(given))
         argv = [str(a) for a in given]
         if not argv:
             raise ValueError(f"job {job}: empty command")

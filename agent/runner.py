@@ -54,9 +54,10 @@ from agent.agent import Agent
 from agent.client import AgentClient, HeldGpu, issue_token, register
 from agent.executors import LaunchError
 from agent.fairness import finish_time_fairness
-from agent.launcher import JobExit, Launcher
+from agent.launcher import JobExit, Launcher, string_command
 from agent.placement import Position, slowdown_of
 from agent.profiler import Profiler, parse_metrics
+from agent.search_run import SearchRun
 
 if TYPE_CHECKING:
     from arbiter.events import EventBus
@@ -149,6 +150,7 @@ class AppRunner:
         self.report_wait_s = (2.0 if launcher.report == "mqtt" else 0.0) if report_wait_s is None else report_wait_s
         self.app = client.app
         self._own_bus: EventBus | None = None
+        self.search_run: SearchRun | None = None  # set by create()
 
         self.rho: list[tuple[float, float]] = []  # (time, rho the agent reported to the arbiter)
         self.rho_now: list[tuple[float, float]] = []  # (time, rho with the GPUs held then), every rho_every_s
@@ -225,6 +227,7 @@ class AppRunner:
         env: Mapping[str, str] | None = None,
         tls_ca: bytes | None = None,
         executor: Any = None,
+        resume: bool = False,
         **kwargs: Any,
     ) -> AppRunner:
         """Everything from names. The app's credential: ``credential``, else the one kept in
@@ -232,7 +235,18 @@ class AppRunner:
         written to ``credential_file``, mode 0600, when given). With ``mqtt``, makes (and later
         stops) the bus that carries job metrics. ``cluster`` is the arbiter's cluster name (the
         metrics topics' second level); ``executor`` runs the jobs (``agent.executors``: a name or an
-        instance; default local processes); other keyword arguments go to :class:`AppRunner`."""
+        instance; default local processes); other keyword arguments go to :class:`AppRunner`.
+
+        Every call starts a new run of the search in ``workdir`` (``agent.search_run``: a run id, the
+        jobs' folders under ``<workdir>/<run id>``), so no job finds a checkpoint of an earlier run.
+        ``resume=True`` goes on with the run recorded in ``workdir`` instead (its jobs resume from
+        their checkpoints), and an adapter with a ``resume()`` method is asked to take up the trials
+        that run left (Optuna: the study's RUNNING trials; give the study its storage)."""
+        if isinstance(argv, (str, bytes)):
+            raise TypeError(string_command(argv))
+        search = SearchRun.begin(workdir, resume=resume)
+        if resume and hasattr(adapter, "resume"):
+            adapter.resume()  # type: ignore[attr-defined]
         path = Path(credential_file) if credential_file is not None else None
         if credential is None and path is not None and path.exists():
             credential = path.read_text().strip()
@@ -251,8 +265,9 @@ class AppRunner:
             await bus.start()
         client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca)
         launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
-                            grace_s=grace_s, env=env, executor=executor)
+                            grace_s=grace_s, env=env, executor=executor, run_id=search.run_id)
         runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)
+        runner.search_run = search
         runner._own_bus = bus  # started here, stopped when the run ends
         return runner
 

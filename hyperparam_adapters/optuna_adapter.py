@@ -183,7 +183,8 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
     """An ask/tell Optuna study behind Figure 8's curve-stopping API; see the module docstring.
 
     ``search_space`` (name -> Optuna distribution) is passed to ``study.ask``; ``suggest``, if
-    given, is called with each new trial to suggest define-by-run parameters. ``trial_demand`` is
+    given, is called with each new trial to suggest define-by-run parameters. One of the two is
+    required (issue 11: without either every trial ran with no hyperparameters). ``trial_demand`` is
     each trial's GPU demand (job_demand_max); ``max_resource`` the iterations of a full trial
     (taken from a HyperbandPruner when omitted).
     """
@@ -232,6 +233,13 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not (iter_time_serial > 0 and math.isfinite(iter_time_serial)):
             raise ValueError(f"iter_time_serial must be finite and > 0, got {iter_time_serial!r}")
+        if not search_space and suggest is None:  # issue 11: every trial ran with params={}
+            raise ValueError(
+                "OptunaAdapter needs a search space: pass search_space={'lr': FloatDistribution(1e-4, 1e-1, log=True), "
+                "...} (name -> optuna.distributions), or suggest=fn where fn(trial) calls trial.suggest_*(...) as "
+                "your objective did; without one every trial would run with no hyperparameters")
+        if suggest is not None and not callable(suggest):
+            raise TypeError(f"suggest must be a function of the trial, got {type(suggest).__name__}")
         self.study = study
         self.n_trials = n_trials
         self.max_resource = max_resource
@@ -363,6 +371,32 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         self.touch()
         return stopped
 
+    def resume(self) -> list[str]:
+        """Go on with the search an interrupted run of this study left (issue 11; ``AppRunner.create(
+        resume=True)`` calls it): its RUNNING trials are taken up again under their job ids, from the
+        iteration they last reported (their jobs resume from their checkpoints), and every trial of
+        the study counts toward ``n_trials``. The study must come from its storage
+        (``optuna.load_study`` or ``create_study(..., load_if_exists=True)``). Returns the job ids taken up.
+
+        PRIVATE OPTUNA ATTRIBUTE: a ``FrozenTrial`` has no public getter for its storage id, which
+        ``optuna.Trial(study, trial_id)`` needs; ``_trial_id`` is read here and nowhere else
+        (``test_a_resumed_study_takes_up_its_running_trials`` fails if Optuna renames it)."""
+        taken: list[str] = []
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            job = self.job_id(frozen.number)
+            if job in self._running or job in self._stopped:
+                continue
+            self._running[job] = optuna.Trial(self.study, frozen._trial_id)
+            self._number[job] = frozen.number
+            step = frozen.last_step
+            self._done[job] = 0 if step is None else step + 1
+            if step is not None:
+                self._loss[job] = float(frozen.intermediate_values[step])
+            taken.append(job)
+        self._asked = max(self._asked, len(self.study.get_trials(deepcopy=False)))
+        self.touch()
+        return taken
+
     def fail(self, job_id: str) -> None:
         """The job died (the runner gave up on it): tell Optuna FAIL and free its lane."""
         trial = self._running.get(job_id)
@@ -455,7 +489,7 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         for job in self._running:
             t = self.measured_iter_time_serial(job) or default
             heads.append((job, t, self.expected_iterations_left(self._number[job], self._done[job], lengths) * t))
-        future = self.n_trials - self._asked
+        future = max(0, self.n_trials - self._asked)
         lanes = min(self.parallel, len(heads) + future)
         heads += [(f"{self.job_prefix}next-{k}", default, 0.0) for k in range(lanes - len(heads))]
         loads = [w for _, _, w in heads]
@@ -493,7 +527,7 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         return self.parallel * self.trial_demand
 
     def demand_now(self) -> int:
-        return min(self.parallel, len(self._running) + self.n_trials - self._asked) * self.trial_demand
+        return min(self.parallel, len(self._running) + max(0, self.n_trials - self._asked)) * self.trial_demand
 
     def placement_slowdown(self) -> Slowdown:
         return self._slowdown

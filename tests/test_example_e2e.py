@@ -142,7 +142,7 @@ def test_the_example_runs_unchanged_on_a_local_slurm_from_its_one_command(tmp_pa
         assert app["finished"] and app["best"]["accuracy"] > 0.8 and not app["failed_jobs"], name
     assert [r for a in apps.values() for r in a["resumes"]]  # jobs came back from their checkpoints
     # Slurm's record: every job ran where its start line in the job log says the lease put it
-    headers = [line for log in work.glob("*/*/output.log") for line in log.read_text().splitlines()
+    headers = [line for log in work.glob("*/*/*/output.log")  # <app>/<run>/<job> for line in log.read_text().splitlines()
                if line.startswith("--- start")]
     assert headers and all("(slurm n" in h for h in headers)
     record = done.stdout.split("Slurm's own record of the run", 1)[1]

@@ -310,3 +310,50 @@ def test_a_profiler_keeps_the_adapter_up_to_date():
     assert app.iter_time_serial == pytest.approx(15.0)  # the prior (10 s) and one report (20 s), weight 1 each
     assert app.work_left() == pytest.approx(2 * 3.375 * 15.0)
     assert app.jobs_remaining(())[0].slowdown == profiler.slowdown
+
+
+def test_a_missing_search_space_is_refused_with_what_to_pass():
+    """Issue 11: without ``search_space=`` or ``suggest=`` every trial ran with params={}."""
+    for kw in ({}, {"search_space": {}}):
+        with pytest.raises(ValueError, match=r"needs a search space: pass search_space=.*or suggest=fn") as caught:
+            OptunaAdapter(study(MedianPruner()), n_trials=2, max_resource=4, **kw)
+        assert "FloatDistribution" in str(caught.value)
+    with pytest.raises(TypeError, match="suggest must be a function"):
+        OptunaAdapter(study(MedianPruner()), n_trials=2, max_resource=4, suggest={"lr": 0.1})
+    app = OptunaAdapter(study(MedianPruner()), n_trials=2, max_resource=4,
+                        suggest=lambda trial: trial.suggest_float("lr", 1e-3, 1e-1, log=True))
+    assert 1e-3 <= app.runnable()[0].params["lr"] <= 1e-1
+
+
+def test_a_resumed_study_takes_up_its_running_trials(tmp_path):
+    """Issue 11: ``resume()`` (what ``AppRunner.create(resume=True)`` calls) goes on with the trials an
+    interrupted run left RUNNING in the study's storage, from the iteration they last reported."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def load():
+        return optuna.create_study(study_name="resumable", storage=storage, load_if_exists=True,
+                                   sampler=optuna.samplers.RandomSampler(seed=0),
+                                   pruner=SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+
+    first = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=2, search_space=SPACE)
+    specs = first.runnable()
+    assert [s.job_id for s in specs] == ["trial-0", "trial-1"]
+    first.observe("trial-0", 1, 0.5)
+    first.observe("trial-0", 2, 0.4)
+    first.observe("trial-1", 1, 0.6)
+    # the process dies here; a new one loads the study and resumes
+    again = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=2, search_space=SPACE)
+    assert again.resume() == ["trial-0", "trial-1"]
+    resumed = {s.job_id: s for s in again.runnable()}
+    assert set(resumed) == {"trial-0", "trial-1"}  # parallel 2: no new trial while both run
+    assert resumed["trial-0"].start_iteration == 2 and resumed["trial-1"].start_iteration == 1
+    assert resumed["trial-0"].params == specs[0].params
+    assert again.observe("trial-0", 3, 0.3) == [] and again.best().loss == 0.3
+    assert again.asked == 2 and again.demand_now() == 2
+    for it in range(4, 9):
+        again.observe("trial-0", it, 0.3)
+    assert again.stopped()["trial-0"] == TrialState.COMPLETE
+    assert [s.job_id for s in again.runnable()] == ["trial-1", "trial-2"]  # 4 trials in all, not 4 more
+    # without resume, a rerun of the study asks new trials (new job ids: no checkpoint is shared)
+    fresh = OptunaAdapter(load(), n_trials=1, max_resource=8, parallel=1, search_space=SPACE)
+    assert [s.job_id for s in fresh.runnable()] == ["trial-3"]
