@@ -147,3 +147,31 @@ def test_the_example_runs_unchanged_on_a_local_slurm_from_its_one_command(tmp_pa
     assert headers and all("(slurm n" in h for h in headers)
     record = done.stdout.split("Slurm's own record of the run", 1)[1]
     assert "themis:digits-hyperband:" in record and "gres:gpu:g" in record
+
+
+def test_the_optuna_example_runs_end_to_end_and_a_rerun_starts_a_new_run(tmp_path):
+    """``examples/optuna_search.py`` at its test budget (issue 11, item 4): its own arbiter, a real
+    Optuna study (HyperbandPruner, SQLite storage) whose trials are real training processes
+    (``examples/train_breast_cancer.py``); run twice in one workdir, the second run's trials are new
+    trials of the same study, each started from scratch."""
+    work = tmp_path / "work"
+    runs = []
+    for n in (1, 2):
+        out = tmp_path / f"summary-{n}.json"
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / "optuna_search.py"), "--budget", "test",
+                               "--workdir", str(work), "--json", str(out)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "best: trial-" in done.stdout
+        runs.append(json.loads(out.read_text()))
+    first, second = runs
+    assert first["finished"] and not first["failed_jobs"]
+    assert set(first["best"]["params"]) == {"alpha", "eta0", "learning_rate"}
+    assert first["best"]["accuracy"] > 0.9 and first["best"]["iteration"] <= 9  # at most max_resource epochs
+    assert sum(first["trials"].values()) == 8 and first["trials"].get("PRUNED", 0) >= 1  # Hyperband pruned some
+    assert sum(second["trials"].values()) == 16 and second["jobs"] == 8
+    run_dirs = [p for p in work.iterdir() if p.is_dir()]
+    assert len(run_dirs) == 2  # one folder per run: checkpoints never shared between runs
+    second_jobs = {p.name for p in max(run_dirs, key=lambda p: p.name).iterdir() if p.is_dir()}
+    assert second_jobs == {f"trial-{k}" for k in range(8, 16)}
+    assert second["resumed_runs"] == second["resumed_after_preemption"]  # no trial resumed another's checkpoint
