@@ -5,7 +5,10 @@
     themis-sim experiment fig9 --out results/fig9
     themis-sim strategic --strategy overreport-spread --levels 0,20,40 --out results/lying
 
-Every run writes ``summary.json``; compare and the experiments also write PNG plots.
+Every run writes ``summary.json``; compare and the experiments also write PNG plots. Every command
+takes ``--plugin FILE_OR_MODULE`` (repeatable) to add policies, workloads or strategies from
+outside the repository (``simulator.plugins``), and run/compare/strategic take
+``--workload-knob NAME=VALUE`` (repeatable; VALUE is JSON, else a string) for the workload's knobs.
 """
 
 from __future__ import annotations
@@ -104,6 +107,22 @@ def summary_table(summaries: Sequence[dict[str, Any]], title: str) -> Table:
     return table
 
 
+def _knob(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` with VALUE read as JSON (``2.5``, ``[2, 8]``, ``"fixed"``), else kept as text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return name.strip(), value
+
+
+def _add_plugin(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="a .py file or module that registers policies, workloads or strategies (repeatable)")
+
+
 def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--cluster", default="sim-256", help="testbed-64, sim-256 or a cluster TOML file")
     p.add_argument("--workload", default="small",
@@ -118,14 +137,18 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
                    help="seconds of events coalesced into one round (D10); larger is faster, coarser")
     p.add_argument("--expiry-window", type=float, default=None,
                    help="seconds a lease expiry waits for others to join its round (D10; default lease/10)")
+    p.add_argument("--workload-knob", type=_knob, action="append", default=[], metavar="NAME=VALUE",
+                   help="a knob of the workload's builder, e.g. load=2.5 or app_size=[2,8] (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="output folder")
+    _add_plugin(p)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     summary = simulate(cluster=args.cluster, workload=args.workload, policy=args.policy,
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
-                       coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed)
+                       coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed,
+                       workload_knobs=dict(args.workload_knob) or None)
     path = write_summary(summary, args.out)
     out_console.print(summary_table([summary], f"{args.workload} on {args.cluster}"))
     console.print(f"wrote {path}")
@@ -144,7 +167,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise SystemExit("themis-sim: --seeds must be at least 1")
     seeds = list(range(args.seed, args.seed + args.seeds))
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
-                  restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window)
+                  restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
+                  workload_knobs=dict(args.workload_knob) or None)
     if args.seeds == 1 and (args.workers or 1) == 1:
         per_policy = [[simulate(policy=p, seed=seeds[0], **common)] for p in policies]
     else:
@@ -191,11 +215,27 @@ def cmd_strategic(args: argparse.Namespace) -> int:
     liars: int | list[str] = [a.strip() for a in args.liar.split(",")] if args.liar else args.liars
     run_strategic(strategy=args.strategy, levels=levels, liars=liars, cluster=args.cluster,
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
-                  lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy)
+                  lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
+                  workload_knobs=dict(args.workload_knob) or None)
     return 0
 
 
+def _load_plugins(argv: Sequence[str] | None) -> None:
+    """Plugins first: the parser's policy choices must include what they register."""
+    from simulator.plugins import PluginError, load_from_env, load_plugins
+
+    pre = argparse.ArgumentParser(add_help=False)
+    _add_plugin(pre)
+    known, _ = pre.parse_known_args(argv)
+    try:
+        load_plugins(known.plugin)
+        load_from_env()
+    except PluginError as exc:
+        raise SystemExit(f"themis-sim: {exc}") from exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _load_plugins(argv)
     parser = argparse.ArgumentParser(prog="themis-sim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="simulate one policy")
@@ -215,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
     p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
+    _add_plugin(p)
     p.set_defaults(func=cmd_experiment)
     p = sub.add_parser("strategic", help="one or more lying apps among truthful ones (paper Fig. 15)")
     _add_common(p)

@@ -43,7 +43,11 @@ def simulate(
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
     ``strategy`` = (name, level, apps) makes those apps bid through ``simulator.strategic`` (``"*"``
-    for every app); unlike ``agent_factory`` it can be sent to another process."""
+    for every app); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
+    loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names."""
+    from simulator.plugins import load_from_env
+
+    load_from_env()
     the_cluster = load_cluster(cluster)
     the_workload = load_workload(workload, seed=seed, **(workload_knobs or {}))
     if strategy is not None:

@@ -18,6 +18,22 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Make a policy class selectable by its ``name`` (a decorator; issue 13 item 6: a policy in a
+    file outside the repository, loaded with ``themis-sim --plugin FILE``). Registering the same
+    class again is a no-op; another class under a taken name is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise TypeError(f"register_policy expects a Policy subclass, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or "," in name:
+        raise ValueError(f"policy class {cls.__qualname__} needs a class attribute name = '...' (no commas)")
+    other = POLICIES.get(name)
+    if other is not None and other is not cls:
+        raise ValueError(f"policy name {name!r} is taken by {other.__module__}.{other.__qualname__}")
+    POLICIES[name] = cls
+    return cls
+
+
 def make_policy(name: str, **options) -> Policy:
     try:
         cls = POLICIES[name]
@@ -39,4 +55,5 @@ __all__ = [
     "DrfPolicy",
     "POLICIES",
     "make_policy",
+    "register_policy",
 ]
