@@ -123,6 +123,30 @@ class Noisy(BiddingStrategy):
 
 
 @strategy
+class Misestimate(BiddingStrategy):
+    """Paper 6.4 (Fig. 14): an agent whose estimates are wrong, not a liar. One error per app,
+    drawn once and kept: its remaining iterations are off by a factor 1 + e_w and its placement
+    slowdowns by 1 + e_s (never below 1, no placement beats the ideal one), e_w and e_s uniform
+    in [-level%, +level%]. The error reaches everything the agent says -- its rho reports, which
+    pick the bidders (D6, D13), and its bid tables -- unlike ``noisy``, which redraws per bid row."""
+
+    name = "misestimate"
+
+    def __init__(self, level: float, seed: int | str = 0):
+        super().__init__(level, seed)
+        self.work_error = self.rng.uniform(-self.x, self.x)
+        self.slowdown_error = self.rng.uniform(-self.x, self.x)
+
+    def _slowdown(self, s: Slowdown) -> Slowdown:
+        out = [max(1.0, v * (1 + self.slowdown_error)) for v in s]
+        return (out[0], out[1], out[2], out[3])
+
+    def view(self, app: AppScheduler) -> AppScheduler:
+        return described(app, lambda j: replace(j, iters_remaining=j.iters_remaining * (1 + self.work_error),
+                                                slowdown=self._slowdown(j.slowdown)))
+
+
+@strategy
 class UnderstateRho(BiddingStrategy):
     name = "understate-rho"
 

@@ -72,3 +72,26 @@ def test_unknown_strategy():
     with pytest.raises(ValueError, match="unknown strategy"):
         make_strategy("bribe", 10)
     assert {"overreport-spread", "underreport-dense", "misreport-work", "hide-rows", "noisy"} <= set(STRATEGIES)
+
+
+def test_misestimate_keeps_one_error_per_app_and_it_reaches_the_rho_report():
+    """Fig. 14 (issue 13 item 3): one error per app on work and slowdown, the same in every round,
+    in the rho report that picks the bidders as well as in the bid."""
+    from protos.messages import RhoRequest
+
+    plan = make_strategy("misestimate", 20, seed="s:app7")
+    assert -0.2 <= plan.work_error <= 0.2 and -0.2 <= plan.slowdown_error <= 0.2
+    assert plan.work_error != 0 and plan.slowdown_error != 0
+    again = make_strategy("misestimate", 20, seed="s:app7")
+    assert (again.work_error, again.slowdown_error) == (plan.work_error, plan.slowdown_error)
+    assert make_strategy("misestimate", 20, seed="s:app8").work_error != plan.work_error
+    held = {g: CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")}
+    request = RhoRequest(1, "a", 0.0, 2.0, 256, held)
+    truthful, agent = Agent(app()), StrategicAgent(app(), plan)
+    first = agent.report(request).rho
+    assert first != pytest.approx(truthful.report(request).rho)
+    assert agent.report(request).rho == first  # no redraw between rounds
+    spread = [CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")]
+    seen = plan.view(app()).jobs_in_phase(1, spread)[0].slowdown
+    assert all(s >= 1.0 for s in seen) and seen != SLOW
+    assert make_strategy("misestimate", 0).view(app()).jobs_in_phase(1, spread)[0].slowdown == SLOW
