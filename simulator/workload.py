@@ -40,8 +40,8 @@ class AppSpec:
     ``kind``: ``fixed`` (every job runs to completion, as in a trace), ``successive_halving`` (the
     jobs are phase 1 of a halving search running ``phase_iterations[i]`` iterations per job in
     phase i+1), or ``curve_stopping`` (each job stops when its loss curve flattens, at most at its
-    ``iterations``). ``model`` names a profile entry (``agent/profiles/slowdowns.toml``); ``seed``
-    fixes the app's simulated losses.
+    ``iterations``). ``model`` names a profile entry (``agent/profiles/slowdowns.toml`` or a user
+    table, ``agent.placement.use_profiles``); ``seed`` fixes the app's simulated losses.
     """
 
     app_id: str
@@ -59,6 +59,11 @@ class AppSpec:
             raise ValueError(f"app {self.app_id!r} has no jobs")
         if not (self.arrival_s >= 0 and math.isfinite(self.arrival_s)):
             raise ValueError(f"app {self.app_id!r}: arrival_s must be finite and >= 0")
+        if self.kind != "successive_halving" and self.phase_iterations:
+            raise ValueError(f"app {self.app_id!r}: phase_iterations are for successive_halving apps, not {self.kind}")
+        if any(not (x > 0 and math.isfinite(x)) for x in self.phase_iterations):
+            raise ValueError(f"app {self.app_id!r}: phase_iterations must be finite and > 0, "
+                             f"got {self.phase_iterations}")
         if self.kind == "successive_halving":
             if not self.phase_iterations:
                 raise ValueError(f"app {self.app_id!r}: successive halving needs phase_iterations")

@@ -339,3 +339,25 @@ def test_contended_offers_twice_what_testbed_64_can_do():
                          cluster_gpus=64, job_duration_s=(600.0, 3600.0))
     assert w.apps == same.apps
     assert load_workload("contended", seed=1) != w
+
+
+# --- AppSpec's phases (issue 13 item 6: traces can now set them) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "phases", "reason"),
+    [
+        ("fixed", (10.0,), "phase_iterations are for successive_halving apps, not fixed"),
+        ("curve_stopping", (10.0, 20.0), "not curve_stopping"),
+        ("successive_halving", (10.0, 0.0), "must be finite and > 0"),
+        ("successive_halving", (10.0, math.inf), "must be finite and > 0"),
+        ("successive_halving", (), "needs phase_iterations"),
+        ("successive_halving", (1.0, 2.0, 3.0), "2 jobs cannot be halved 2 times"),
+    ],
+)
+def test_app_spec_refuses_phases_that_cannot_run(kind, phases, reason):
+    import re
+
+    jobs = (JobSpec("a/j0", 10.0, 1.0, 1), JobSpec("a/j1", 10.0, 1.0, 1))
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        AppSpec("a", 0.0, "lm", kind, jobs, phases)
