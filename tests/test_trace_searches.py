@@ -89,7 +89,8 @@ def test_shipped_search_trace_runs_and_each_kind_stops_its_own_way(tmp_path):
     ("body", "line", "reason"),
     [
         (f"{FULL}\na,j,0,1,10,0.5,lm,hyperband,\n", 2, "kind must be one of fixed, successive_halving, curve_stopping"),
-        (f"{FULL}\na,j,0,1,10,0.5,lm,fixed,10;20\n", 2, "phases are for successive_halving apps only; this row is fixed"),
+        (f"{FULL}\na,j,0,1,10,0.5,lm,fixed,10;20\n", 2,
+         "phases are for successive_halving apps only; this row is fixed"),
         (f"{FULL}\na,j,0,1,10,0.5,lm,,10\n", 2, "this row is fixed"),
         (f"{FULL}\na,j,0,1,10,0.5,lm,curve_stopping,10\n", 2, "this row is curve_stopping"),
         (f"{FULL}\na,j,0,1,10,0.5,lm,successive_halving,\n", 2, "needs phases"),
