@@ -9,7 +9,9 @@ many GPUs from now until it finishes, placed at the given locality level (D1).
 
 registers the app with an admin-issued token (or reuses the credential kept in
 ``--credential-file``), connects, and runs the app's jobs emulated on the GPUs it is granted
-(``agent.emulated``) until they finish.
+(``agent.emulated``) until they finish. It exits 1 with the reason when the arbiter refuses the
+credential (e.g. a stale credential file), removes the app or revokes its credential, or cannot be
+reached at all (issue 11, item 3).
 """
 
 from __future__ import annotations
@@ -111,7 +113,13 @@ def run_agent(args: argparse.Namespace) -> int:
         client = AgentClient(Agent(app, name=name), name, args.arbiter, credential, tls_ca=tls_ca)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)
         runner = asyncio.create_task(client.run())
-        await jobs.run()
+        working = asyncio.create_task(jobs.run())
+        await asyncio.wait({runner, working}, return_when=asyncio.FIRST_COMPLETED)
+        if not working.done():  # the agent stopped first: removed, revoked, refused, unreachable
+            working.cancel()
+            why = runner.exception() or "the connection ended before the app finished"
+            print(f"themis-agent: {name}: stopped: {why}", file=sys.stderr)
+            return 1
         await asyncio.wait_for(runner, 30)
         print(json.dumps({"app": name, "finished_after_s": round(jobs.finished_at - app.start_time, 1),
                           "connects": client.connects}))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,8 +26,14 @@ from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 from protos import wire
 from protos.messages import Position
+from protos.rpc import bearer, channel, issue_token, register
+
+__all__ = ["AgentClient", "AgentStopped", "HeldGpu", "channel", "issue_token", "register"]
 
 log = logging.getLogger("themis.agent")
+
+FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+SILENT_HEARTBEATS = 3  # a stream without any message for this many heartbeat intervals is broken
 
 
 @dataclass(frozen=True)
@@ -36,27 +43,19 @@ class HeldGpu:
     expires_at: float
 
 
-def channel(target: str, tls_ca: bytes | None = None) -> grpc.aio.Channel:
-    options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-               ("grpc.keepalive_permit_without_calls", 1)]
-    if tls_ca is not None:
-        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
-    return grpc.aio.insecure_channel(target, options=options)
+class AgentStopped(RuntimeError):
+    """The agent cannot go on (issue 11 item 3, issue 12 item 1): the arbiter removed the app,
+    revoked its credential, another agent replaced it, it refused the credential, or it could not
+    be reached before ``first_connect_timeout_s``. ``why`` is the Goodbye's (or "refused",
+    "unreachable"); ``reason`` says it for people."""
+
+    def __init__(self, why: str, reason: str):
+        super().__init__(f"{why}: {reason}")
+        self.why, self.reason = why, reason
 
 
-async def register(target: str, app: str, token: str, *, tls_ca: bytes | None = None) -> str:
-    """Trade an admin-issued registration token for the app's credential."""
-    async with channel(target, tls_ca) as ch:
-        reply = await pb_grpc.ArbiterStub(ch).Register(
-            pb.RegisterRequest(app=app), metadata=[("authorization", f"Bearer {token}")], timeout=10)
-    return reply.credential
-
-
-async def issue_token(target: str, app: str, admin_token: str, *, tls_ca: bytes | None = None) -> str:
-    async with channel(target, tls_ca) as ch:
-        reply = await pb_grpc.ArbiterStub(ch).IssueToken(
-            pb.IssueTokenRequest(app=app), metadata=[("authorization", f"Bearer {admin_token}")], timeout=10)
-    return reply.token
+class _Silent(Exception):
+    """No message (not even a heartbeat) for too long: the stream is broken."""
 
 
 @dataclass
@@ -73,6 +72,8 @@ class AgentClient:
     rejections: list[pb.Rejection] = field(default_factory=list)
     connects: int = 0
     rounds_answered: int = 0
+    connect_timeout_s: float = 10.0  # one attempt: dial, Hello, Welcome
+    first_connect_timeout_s: float | None = 120.0  # never welcomed for this long: AgentStopped("unreachable")
 
     def __post_init__(self) -> None:
         self._out: asyncio.Queue | None = None
@@ -81,6 +82,9 @@ class AgentClient:
         self.finished = False
         self.cluster = ""  # the arbiter's cluster name, from the Welcome
         self._released: set[str] = set()
+        self.heartbeat_s = 10.0  # from the Welcome
+        self.goodbye: pb.Goodbye | None = None  # the last stream's final message, if the arbiter ended it
+        self.ever_welcomed = False
 
     # -- what the app does -----------------------------------------------------------------------
 
@@ -112,22 +116,47 @@ class AgentClient:
     # -- the connection --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Stay connected until :meth:`stop` (or the app is done): reconnect with backoff."""
+        """Stay connected until :meth:`stop` (or the app is done): reconnect with backoff.
+
+        Raises :class:`AgentStopped` when going on is pointless: the arbiter ended the stream
+        for good (removed, revoked, replaced; every held GPU is reported lost first), refused the
+        credential, or was never reached within ``first_connect_timeout_s``."""
         delay = self.backoff_s[0]
+        started = time.monotonic()
         while not self._stop.is_set():
+            self.goodbye = None
+            problem = None
             try:
                 await self._session()
-                delay = self.backoff_s[0]
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    log.error("arbiter refused %s: %s", self.app, exc.details())
-                    raise
-                log.info("stream to %s lost (%s); retrying in %.1f s", self.target, exc.code().name, delay)
+                if self.goodbye is None and exc.code() in FATAL:
+                    log.error("arbiter refused %s: %s: %s", self.app, exc.code().name, exc.details())
+                    raise AgentStopped("refused", f"{exc.code().name}: {exc.details()}") from exc
+                problem = f"{exc.code().name}: {exc.details()}"
+            except _Silent as exc:
+                problem = str(exc)
+            bye = self.goodbye
+            if bye is not None and not bye.reconnect:
+                if bye.why == "finished":
+                    break
+                raise AgentStopped(bye.why, bye.reason)
             if self.finished or self._stop.is_set():
                 break
+            if self.welcomed.is_set():
+                delay = self.backoff_s[0]  # the session worked: start the backoff over
+            if bye is not None:
+                problem = f"{bye.why}: {bye.reason}"
+            waited = time.monotonic() - started
+            if not self.ever_welcomed and self.first_connect_timeout_s is not None \
+                    and waited > self.first_connect_timeout_s:
+                raise AgentStopped("unreachable", f"no Welcome from {self.target} in {waited:.0f} s "
+                                                  f"(last: {problem or 'stream ended'})")
+            pause = delay * random.uniform(0.8, 1.2)
+            log.warning("stream of %s to %s lost (%s); reconnecting in %.1f s", self.app, self.target,
+                        problem or "ended by the arbiter", pause)
             self.welcomed.clear()
             try:
-                await asyncio.wait_for(self._stop.wait(), delay * random.uniform(0.8, 1.2))
+                await asyncio.wait_for(self._stop.wait(), pause)
             except TimeoutError:
                 pass
             delay = min(self.backoff_s[1], delay * 2)
@@ -148,13 +177,26 @@ class AgentClient:
                     return
 
         async with channel(self.target, self.tls_ca) as ch:
-            call = pb_grpc.ArbiterStub(ch).Connect(outgoing(), metadata=[("authorization", f"Bearer {self.credential}")])
+            call = pb_grpc.ArbiterStub(ch).Connect(outgoing(), metadata=bearer(self.credential))
             self.connects += 1
-            async for msg in call:
-                self._handle(msg)
-                if self._stop.is_set():
-                    call.cancel()
-                    break
+            stream = call.__aiter__()
+            try:
+                while True:
+                    # Before the Welcome: the connect timeout; then any message (heartbeats come
+                    # every heartbeat_s) must arrive within SILENT_HEARTBEATS intervals.
+                    wait = SILENT_HEARTBEATS * self.heartbeat_s if self.welcomed.is_set() else self.connect_timeout_s
+                    try:
+                        msg = await asyncio.wait_for(stream.__anext__(), wait)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        what = "a heartbeat" if self.welcomed.is_set() else "the Welcome"
+                        raise _Silent(f"no message for {wait:.1f} s (waiting for {what})") from None
+                    self._handle(msg)
+                    if self._stop.is_set():
+                        return
+            finally:
+                call.cancel()
 
     def _handle(self, msg: pb.ArbiterMessage) -> None:
         kind = msg.WhichOneof("kind")
@@ -171,8 +213,10 @@ class AgentClient:
                 self._released = set(again)
             lost = sorted(set(self.held) - set(now_held))
             self.held = {g: HeldGpu(g, where.get(g, ("", "", "")), x.expires_at) for g, x in now_held.items()}
+            self.heartbeat_s = msg.welcome.heartbeat_s or self.heartbeat_s
             if lost and self.on_revoke:
                 self.on_revoke(lost, "not held after reconnecting")
+            self.ever_welcomed = True
             self.welcomed.set()
         elif kind == "rho_request":
             request = wire.rho_request(msg.rho_request, self.app)
@@ -199,6 +243,15 @@ class AgentClient:
         elif kind == "rejection":
             self.rejections.append(msg.rejection)
             log.warning("arbiter rejected %s's %s: %s", self.app, msg.rejection.what, msg.rejection.reason)
+        elif kind == "goodbye":
+            bye = self.goodbye = msg.goodbye
+            log.log(logging.INFO if bye.why == "finished" else logging.WARNING,
+                    "arbiter ended the stream of %s (%s): %s", self.app, bye.why, bye.reason)
+            if not bye.reconnect and bye.why != "finished":
+                lost = sorted(self.held)  # the app is gone from the arbiter: nothing is held any more
+                self.held = {}
+                if lost and self.on_revoke:
+                    self.on_revoke(lost, bye.reason)
 
     def _refresh_positions(self, held: dict[str, Position]) -> None:
         for g, p in held.items():

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -93,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_issue_token(args: argparse.Namespace) -> int:
-    from agent.client import issue_token
+    from protos.rpc import issue_token
 
     print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args))))
     return 0
@@ -102,7 +103,7 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     """Drain a machine: no new grants there; its leases run out (before maintenance, or when the
     cluster engine reports the node down)."""
-    from agent.client import channel
+    from protos.rpc import channel
     from protos import themis_pb2 as pb
     from protos import themis_pb2_grpc as pb_grpc
 
@@ -122,7 +123,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
-    from agent.client import channel
+    from protos.rpc import channel
     from protos import themis_pb2 as pb
     from protos import themis_pb2_grpc as pb_grpc
 
@@ -137,8 +138,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             "cluster": cluster.cluster, "size": cluster.size, "free": len(cluster.free),
             "drained": list(cluster.drained_machines), "round_id": cluster.round_id,
             "settings": MessageToDict(cluster.settings),
-            "apps": [{"app": a.app, "connected": a.connected, "demand": a.demand, "rho": a.last_rho,
-                      "gpus": len(a.leases)} for a in apps.apps],
+            # rho: on what the app holds after the last round it took part in (issue 11, item 2)
+            "apps": [{"app": a.app, "connected": a.connected, "demand": a.demand,
+                      "rho": a.last_rho if math.isfinite(a.last_rho) else None,
+                      "gpus": len(a.leases), "held": sorted(x.gpu for x in a.leases)} for a in apps.apps],
             "rounds": [MessageToDict(r) for r in rounds.rounds],
         }
 
@@ -147,7 +150,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from arbiter.demo import run_demo
+    """The demo lives a floor up (``themis_demo``, issue 12 item 7): it needs the agents too."""
+    from themis_demo.service import run_demo
 
     return run_demo(seconds=args.seconds, mqtt=args.mqtt)
 

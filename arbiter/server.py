@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from arbiter.cluster import load_cluster
 from arbiter.events import arbiter_status_topic, make_bus
 from arbiter.rounds import RoundEngine
-from arbiter.service import ArbiterService, Settings, new_secret
+from arbiter.service import ArbiterService, ParseGuard, Settings, new_secret
 from arbiter.service_metrics import ServiceMetrics
 from arbiter.store import Store
 from protos import themis_pb2_grpc as pb_grpc
@@ -35,6 +35,10 @@ KEEPALIVE = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.max_receive_message_length", 8 * 2**20),
 ]
+HEALTH_TICK_S = 0.25  # the loop watch's timer ...
+STALL_S = 1.0  # ... running this much late is a stalled loop: NOT_SERVING ...
+STALL_HOLD_S = 5.0  # ... for this long after the stall, so a prober polling every few seconds sees it
+HEALTH_NAMES = ("", "themis.v1.Arbiter")
 
 
 @dataclass
@@ -105,6 +109,7 @@ class ArbiterServer:
         bus = make_bus(config.mqtt, client_id=f"themis-arbiter-{cluster.name}-{os.getpid()}",
                        will_topic=arbiter_status_topic(cluster.name))
         metrics = ServiceMetrics()
+        metrics.bind_bus(lambda: bus.connected, lambda: getattr(bus, "pending", 0), lambda: bus.dropped)
         service = ArbiterService(engine, store, bus, settings=settings, admin_token=admin_token_for(config),
                                  metrics=metrics)
         self.service = service
@@ -112,7 +117,7 @@ class ArbiterServer:
         await bus.start()
         service.republish_state()
 
-        server = grpc.aio.server(options=KEEPALIVE)
+        server = grpc.aio.server(options=KEEPALIVE, interceptors=[ParseGuard()])
         pb_grpc.add_ArbiterServicer_to_server(service, server)
         health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -125,16 +130,43 @@ class ArbiterServer:
         if not self.port:
             raise OSError(f"cannot listen on {address}")
         await server.start()
-        for name in ("", "themis.v1.Arbiter"):
+        for name in HEALTH_NAMES:
             await _set_serving(health_servicer, name)
+        metrics.serving.set(1)
         self._server = server
         if config.metrics_port is not None:
             self._metrics_http = metrics.serve(config.metrics_port, config.host)
-        self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats())]
+        self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats()),
+                       asyncio.create_task(self._watch_health(health_servicer))]
         log.info("serving", extra={"fields": {"address": f"{config.host}:{self.port}", "cluster": cluster.name,
                                               "gpus": cluster.size, "db": str(config.db),
                                               "mqtt": config.mqtt or "in-memory", **asdict(settings)}})
         return self.port
+
+    async def _watch_health(self, servicer) -> None:
+        """Health follows the service (issue 12, item 5): NOT_SERVING while the journal fails, and
+        for a while after the event loop stalled (a timer ran more than STALL_S late)."""
+        loop = asyncio.get_running_loop()
+        service, metrics = self.service, self.service.metrics
+        serving, stalled_until = True, 0.0
+        while True:
+            started = loop.time()
+            await asyncio.sleep(HEALTH_TICK_S)
+            lag = max(0.0, loop.time() - started - HEALTH_TICK_S)
+            metrics.loop_lag.set(lag)
+            if lag > STALL_S:
+                service.problems["loop"] = f"the event loop stalled for {lag:.1f} s"
+                stalled_until = loop.time() + STALL_HOLD_S
+            elif "loop" in service.problems and loop.time() > stalled_until:
+                del service.problems["loop"]
+            ok = not service.problems
+            if ok != serving:
+                serving = ok
+                status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                for name in HEALTH_NAMES:
+                    await _set_serving(servicer, name, status)
+                metrics.serving.set(1 if ok else 0)
+                log.warning("health", extra={"fields": {"serving": ok, "problems": dict(service.problems)}})
 
     async def stop(self, grace: float = 1.0) -> None:
         if self.service is not None:
@@ -155,7 +187,7 @@ class ArbiterServer:
             await self._server.wait_for_termination()
 
 
-async def _set_serving(servicer, name: str) -> None:
-    result = servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+async def _set_serving(servicer, name: str, status=health_pb2.HealthCheckResponse.SERVING) -> None:
+    result = servicer.set(name, status)
     if asyncio.iscoroutine(result):
         await result

@@ -19,6 +19,7 @@ reason, on the stream, which stays open; the round goes on for everyone else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
@@ -54,10 +55,25 @@ from protos import wire
 log = logging.getLogger("themis.arbiter")
 
 APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]{0,63}$")  # no '-': machines are named <rack>-m<n>
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
-OUTBOX_LIMIT = 1000  # messages queued to one agent before it counts as stuck and is disconnected
-MAX_BID_ROWS = 256  # agents send at most 126 (D7); the auction runs on the event loop, so keep bids small
+OUTBOX_LIMIT = 1000  # messages queued to one agent before it counts as stuck and its stream is ended
+MAX_BID_ROWS = 256  # agents send at most 126 (D7); bounds the auction's work per app
+
+# Bounds on admin input (issue 12, item 2). Each is checked before any work is done, so an absurd
+# call is refused at once; together they bound the journal's rows per write (apps + leases).
+MAX_MACHINE_GPUS = 64  # GPUs in one added machine (a DGX has 8-16)
+MAX_CLUSTER_GPUS = 4096  # GPUs in the whole cluster after AddMachine
+MAX_ADDED_MACHINES = 256
+MAX_APPS = 10_000  # apps known to the arbiter (registered or running): rows per journal write
+MAX_OPEN_TOKENS = 16  # unused registration tokens per app
+MAX_HISTORY = 10_000  # RoundHistory limit (the journal keeps that many rounds)
+LEASE_RANGE_S = (1.0, 30 * 86400.0)
+GOODBYE_WAIT_S = 1.0  # a write that takes longer means flow control holds it: the agent is not reading
+NAME_MAX = 128  # machine names in DrainMachine; app names are checked by APP_NAME
+REASON_NAMES = 5  # names of an agent's message quoted back in a rejection, each cut to ...
+NAME_QUOTE = 64  # ... this many characters: a rejection never echoes megabytes
 
 
 @dataclass
@@ -90,26 +106,110 @@ class Settings:
         return make_policy(self.policy, **options)
 
 
+@dataclass(frozen=True)
+class StreamEnd:
+    """Why the arbiter ends an agent's stream: the final Goodbye and the gRPC status after it."""
+
+    why: str
+    reason: str
+    gpus: tuple[str, ...] = ()
+
+    # why -> (status, whether a new stream may pick up where this one ended)
+    KINDS = {
+        "removed": (grpc.StatusCode.PERMISSION_DENIED, False),
+        "revoked": (grpc.StatusCode.UNAUTHENTICATED, False),
+        "replaced": (grpc.StatusCode.ABORTED, False),
+        "too_slow": (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+        "shutting_down": (grpc.StatusCode.UNAVAILABLE, True),
+        "finished": (grpc.StatusCode.OK, False),
+        "invalid": (grpc.StatusCode.INVALID_ARGUMENT, True),
+    }
+
+    @property
+    def status(self) -> grpc.StatusCode:
+        return self.KINDS[self.why][0]
+
+    @property
+    def reconnect(self) -> bool:
+        return self.KINDS[self.why][1]
+
+    def goodbye(self) -> pb.ArbiterMessage:
+        return pb.ArbiterMessage(goodbye=pb.Goodbye(why=self.why, reason=self.reason, reconnect=self.reconnect,
+                                                    gpus=list(self.gpus)))
+
+
 @dataclass
 class Connection:
-    """One agent's open stream: what to send it, and when it was last heard from."""
+    """One agent's open stream: what to send it, when it was last heard from, and why it ends."""
 
     app: str
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     last_seen: float = 0.0
-    task: asyncio.Task | None = None  # the Connect handler, cancelled if the agent stops reading
+    limit: int = OUTBOX_LIMIT
+    ending: StreamEnd | None = None
 
     def send(self, message: pb.ArbiterMessage) -> None:
-        if self.outbox.qsize() >= OUTBOX_LIMIT:
-            self.close()
+        if self.ending is not None:
+            return
+        if self.outbox.qsize() >= self.limit:
+            self.end(StreamEnd("too_slow", f"{self.limit} messages were queued to {self.app!r} and not read; "
+                                           "reconnect and resume"))
             return
         self.outbox.put_nowait(message)
 
-    def close(self) -> None:
-        self.closed.set()
-        if self.task is not None and self.task is not asyncio.current_task():
-            self.task.cancel()
+    def end(self, end: StreamEnd) -> None:
+        """The first reason wins; the Connect handler sends it as Goodbye and ends the call with its status."""
+        if self.ending is None:
+            self.ending = end
+            self.closed.set()
+
+
+@dataclass(frozen=True)
+class Unparsable:
+    """A request whose bytes are not the message the method takes (issue 12, item 4)."""
+
+    what: str
+    reason: str
+
+
+class ParseGuard(grpc.aio.ServerInterceptor):
+    """Lets the Arbiter service see unparsable requests instead of gRPC failing them with UNKNOWN or,
+    on a stream, ending it with OK: a unary call is refused with INVALID_ARGUMENT and the parser's
+    reason; on the agent stream the message becomes an :class:`Unparsable` the service rejects with
+    a reason (the stream stays open)."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        if handler is None or handler.request_deserializer is None or not method.startswith("/themis.v1.Arbiter/"):
+            return handler
+        parse_strict, name = handler.request_deserializer, method.rsplit("/", 1)[-1]
+
+        def parse(data: bytes):
+            try:
+                return parse_strict(data)
+            except Exception as exc:
+                return Unparsable(name, f"could not parse the {name} request ({len(data)} bytes): {exc}")
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                if isinstance(request, Unparsable):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+                return await inner(request, context)
+
+            return handler._replace(request_deserializer=parse, unary_unary=unary)
+        return handler._replace(request_deserializer=parse)
+
+
+def _quote(names) -> str:
+    """Names from an agent's message, as a rejection quotes them: a few, each cut short."""
+    names = list(names)
+    shown = [n if len(n) <= NAME_QUOTE else n[:NAME_QUOTE] + "..." for n in names[:REASON_NAMES]]
+    more = f" and {len(names) - REASON_NAMES} more" if len(names) > REASON_NAMES else ""
+    return f"{shown}{more}"
 
 
 def new_secret(kind: str) -> str:
@@ -152,10 +252,19 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.last_rho: dict[str, float] = store.last_rho()
         self._kick = asyncio.Event()
         self._waiting: dict[tuple[int, str, str], asyncio.Future] = {}  # (round, app, kind) -> answer
-        self._bad_bids: dict[tuple[int, str], str] = {}  # why an app's bids this round were refused
+        self._bad: dict[tuple[int, str, str], str] = {}  # (round, app, kind) -> why its answer was refused
         self._round: OpenRound | None = None
         self._stopping = asyncio.Event()
-        self._deferred: list[tuple[str, str]] = []  # apps to remove once the open round closes
+        self._deferred: list[tuple[str, StreamEnd | None]] = []  # apps to remove once the open round closes
+        self._between_rounds = asyncio.Event()  # set when no round is open and deferred removals are done
+        self._between_rounds.set()
+        self._allocating = False  # the round's allocation runs in a worker thread (issue 12, item 5)
+        self._allocated = asyncio.Event()
+        self._allocated.set()
+        self._held_back: list[Callable[[], None]] = []  # agent changes that arrived during an allocation
+        self._frozen: tuple[tuple, frozenset[str]] | None = None  # (leases, free GPUs) while allocating
+        self.outbox_limit = OUTBOX_LIMIT
+        self.problems: dict[str, str] = {}  # what makes health NOT_SERVING ("journal", "loop"), and why
         self.rounds_run = 0
 
     def clock(self) -> float:
@@ -166,8 +275,18 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def journal(self, result: RoundResult | None = None, summary: dict[str, Any] | None = None) -> None:
-        rho = dict(result.rho) if result is not None else None
-        self.store.save(self.engine.state(), settings=asdict(self.settings), rho=rho, round_summary=summary)
+        """One transaction with the whole state. A failure marks the service unhealthy until a
+        write succeeds again (issue 12, item 5), and is raised to the caller."""
+        rho = dict(self.last_rho) if result is not None else None
+        started = time.perf_counter()
+        try:
+            self.store.save(self.engine.state(), settings=asdict(self.settings), rho=rho, round_summary=summary)
+        except Exception as exc:
+            self.problems["journal"] = f"journal write failed: {exc}"
+            self.metrics.journal_failures.inc()
+            raise
+        self.problems.pop("journal", None)
+        self.metrics.journal_latency.observe(time.perf_counter() - started)
 
     def republish_state(self) -> None:
         """Retained state for late subscribers: every GPU's lease and every app's leases."""
@@ -207,19 +326,37 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     def stop(self) -> None:
         self._stopping.set()
         self._kick.set()
-        for conn in self.conns.values():
-            conn.close()
+        for conn in list(self.conns.values()):
+            conn.end(StreamEnd("shutting_down", "the arbiter is shutting down; reconnect when it is back"))
 
     def kick(self) -> None:
         self._kick.set()
+
+    async def _engine_free(self) -> None:
+        """Wait while a round's allocation runs in the worker thread: changes to the engine apply
+        between allocations, never during one."""
+        while self._allocating:
+            await self._allocated.wait()
+
+    def _leases(self) -> list:
+        """Every lease, sorted by GPU; while an allocation runs, as it was when it started."""
+        if self._frozen is not None:
+            return list(self._frozen[0])
+        return sorted(self.engine.leases, key=lambda x: x.gpu)
+
+    def _free(self) -> frozenset[str]:
+        return self._frozen[1] if self._frozen is not None else self.engine.free_gpus()
 
     # -- one round (paper 4.2.2 steps 1-5) -----------------------------------------------------
 
     async def run_round(self) -> RoundResult:
         started = time.perf_counter()
+        await self._engine_free()
         now = self.clock()
         rnd = self.engine.open_round(now)
         self._round = rnd
+        self._between_rounds.clear()
+        closed = False
         try:
             self.journal()  # the round id and the expiries, before anyone hears of this round
             deadline = now + self.settings.report_timeout_s
@@ -231,18 +368,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     continue
                 asked[request.app] = self._expect(rnd.round_id, request.app, "report")
                 conn.send(pb.ArbiterMessage(rho_request=wire.rho_request_pb(request, deadline)))
-            reports = await self._gather(asked, deadline)
-            for app, msg in reports.items():
-                try:
-                    rnd.report(app, wire.report(msg))
-                    self.last_rho[app] = msg.rho
-                    self.bus.publish(app_rho_topic(self.cluster, app), {"rho": _json_num(msg.rho), "round_id": rnd.round_id,
-                                                                         "now": now}, retain=True)
-                except (InvalidReport, wire.WireError) as exc:
-                    self._reject(app, INVALID, str(exc), "report", rnd.round_id)
-                    rnd.note_failure(app, str(exc))
+            reports = await self._gather(asked, deadline)  # each checked (rnd.report) as it arrived
             for app in set(asked) - set(reports):
-                rnd.note_failure(app, "no rho report before the deadline")
+                rnd.note_failure(app, self._bad.get((rnd.round_id, app, "report"), "no rho report before the deadline"))
             offers = rnd.offers()
             deadline = self.clock() + self.settings.bid_timeout_s
             waiting = {}
@@ -260,14 +388,34 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 except InvalidBid as exc:
                     self._reject(app, INVALID, exc.reason, "bid", rnd.round_id)
             for app in set(waiting) - set(bids):
-                rnd.note_failure(app, self._bad_bids.get((rnd.round_id, app), "no bid before the deadline"))
-            result = rnd.close()
+                rnd.note_failure(app, self._bad.get((rnd.round_id, app, "bid"), "no bid before the deadline"))
+            # The allocation (the auction's MILPs) runs in a worker thread so heartbeats, admin calls
+            # and health answer meanwhile; nothing else touches the engine until it returns.
+            self._frozen = (tuple(self._leases()), self.engine.free_gpus())
+            self._allocating = True
+            self._allocated.clear()
+            try:
+                result = await asyncio.to_thread(rnd.close)
+            finally:
+                self._allocating = False
+                self._frozen = None
+                self._allocated.set()
+            closed = True
+            self._rho_after(result, bids)
         finally:
             rnd.abandon()  # a no-op once closed; otherwise the engine must not stay stuck in this round
-            self._round = None
             for key in [k for k in self._waiting if k[0] == rnd.round_id]:
                 self._waiting.pop(key).cancel()
-            self._bad_bids.clear()
+            self._bad.clear()
+            held_back, self._held_back = self._held_back, []
+            for change in held_back:
+                try:
+                    change()
+                except Exception:
+                    log.exception("a change held back during the allocation failed")
+            if not closed:
+                self._round = None
+                self._run_deferred()
         latency = time.perf_counter() - started
         summary = _summary(result, latency)
         try:
@@ -275,16 +423,48 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         except Exception:  # e.g. disk full: agents must still hear what memory now says they hold
             log.exception("journal write failed after round %d; the next change writes it again", result.round_id)
             self.metrics.round_failures.inc()
+        self._round = None
         self._announce(result, summary)
-        deferred, self._deferred = self._deferred, []
-        for app, reason in deferred:
-            if app in self.engine.apps:
-                self._remove(app, reason)
+        self._run_deferred()
         self.metrics.observe_round(result, latency, leases=len(self.engine.leases), connected=len(self.conns))
+        self.metrics.observe_apps(self._app_metrics(), result)
         self.rounds_run += 1
         log.info("round", extra={"fields": {k: summary[k] for k in ("round_id", "offered", "bidders", "granted",
                                                                     "idle", "latency_s")}})
         return result
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for app, end in deferred:
+            if app in self.engine.apps:
+                self._remove(app, end)
+        self._between_rounds.set()
+
+    def _rho_after(self, result: RoundResult, bids: dict[str, Any]) -> None:
+        """Each reporting app's rho on what it holds after the round (issue 11, item 2): the rows of
+        its bid are rho(held + S), so the best row whose S it was granted bounds it from above (and
+        is exact when S is all it got); with no grant, rho_old is rho on what it kept. Infinity
+        only for an app that holds nothing."""
+        got = {g.app: g.gpus for g in result.grants}
+        for app, reported in result.rho.items():
+            if app not in self.engine.apps:
+                continue
+            held = self.engine.held(app)
+            if not held:
+                self.last_rho[app] = math.inf
+                continue
+            table = bids.get(app)
+            rho = math.inf
+            if table is not None:
+                won = got.get(app, frozenset())
+                rows = [r for gpus, r in table.rows if won and gpus <= won]
+                rho = min(rows) if rows else table.rho_old
+            if not math.isfinite(rho):
+                rho = reported if math.isfinite(reported) else self.last_rho.get(app, math.inf)
+            self.last_rho[app] = rho
+            self.bus.publish(app_rho_topic(self.cluster, app), {"rho": _json_num(rho), "round_id": result.round_id,
+                                                                 "now": result.now, "gpus": sorted(held)},
+                             retain=True)
 
     def _expect(self, round_id: int, app: str, kind: str) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -294,6 +474,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     async def _gather(self, futures: dict[str, asyncio.Future], deadline: float) -> dict[str, Any]:
         if futures:
             await asyncio.wait(list(futures.values()), timeout=max(0.0, deadline - self.clock()))
+        for f in futures.values():
+            if not f.done():
+                f.cancel()  # the deadline passed: a late answer is refused with that reason
         return {app: f.result() for app, f in futures.items() if f.done() and not f.cancelled()}
 
     def _announce(self, result: RoundResult, summary: dict[str, Any]) -> None:
@@ -342,41 +525,60 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     def _reject(self, app: str, code: int, reason: str, what: str, round_id: int = 0) -> None:
         self.metrics.rejected.labels(what=what).inc()
+        self.metrics.app_rejections.labels(app=app).inc()
         log.info("rejected", extra={"fields": {"app": app, "what": what, "reason": reason}})
         self._send(app, pb.ArbiterMessage(rejection=pb.Rejection(code=code, reason=reason, what=what,
                                                                  round_id=round_id)))
 
     # -- the agent stream ----------------------------------------------------------------------
 
-    async def Connect(self, request_iterator, context) -> AsyncIterator[pb.ArbiterMessage]:
+    async def Connect(self, request_iterator, context) -> None:
+        """The agent's stream. Written with ``context.write`` (not as a generator) so that every
+        stream the arbiter ends gets a Goodbye and a status saying why (issue 12, item 1) -- even a
+        stuck reader, whose status goes out in the trailers when its messages cannot."""
         credential = _bearer(context)
         app = self.store.token_app(credential, "credential") if credential else None
         if app is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "an app credential is required (Register first)")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "an app credential is required (Register first); this one is unknown or revoked")
         try:
             first = await anext(request_iterator.__aiter__())
         except StopAsyncIteration:
             return
+        if isinstance(first, Unparsable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{first.reason}; the first message must be Hello")
         if first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the stream must be Hello")
         if first.hello.app != app:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"this credential belongs to {app!r}, not {first.hello.app!r}")
+                                f"this credential belongs to {app!r}, not {_quote([first.hello.app])[2:-2]!r}")
         if first.hello.demand < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"demand must be >= 0, got {first.hello.demand}")
+        # An app that said Done while a round was open leaves when that round closes; a Hello that
+        # comes meanwhile waits for it, then starts the app afresh (else it would be removed under
+        # a live stream: the "ghost app" of issue 12).
+        while self._allocating or any(a == app for a, _ in self._deferred):
+            await asyncio.wait([asyncio.ensure_future(self._between_rounds.wait()),
+                                asyncio.ensure_future(self._allocated.wait())], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.sleep(0)
+        if self.store.token_app(credential, "credential") != app:  # revoked while it waited
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this credential was revoked")
         now = self.clock()
         if app not in self.engine.apps:
+            if len(self.engine.apps) >= MAX_APPS:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the arbiter runs at most {MAX_APPS} apps")
             self.engine.add_app(app, now)
         self.engine.set_demand(app, first.hello.demand, now)
         self.engine.note_ready(app, now)
-        self.journal()
+        with contextlib.suppress(Exception):  # a failing journal must not refuse agents; health shows it
+            self.journal()
         self.kick()
         old = self.conns.get(app)
         if old is not None:
-            old.close()  # a reconnect replaces the previous stream
-        conn = Connection(app, last_seen=now, task=asyncio.current_task())
+            old.end(StreamEnd("replaced", f"another stream connected as {app!r} and replaced this one"))
+        conn = Connection(app, last_seen=now, limit=self.outbox_limit)
         self.conns[app] = conn
-        mine = [x for x in sorted(self.engine.leases, key=lambda x: x.gpu) if x.app == app]
+        mine = [x for x in self._leases() if x.app == app]
         position = self.engine.cluster.position
         conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
             app=app, cluster=self.cluster, leases=[wire.lease_pb(x) for x in mine],
@@ -385,22 +587,41 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.metrics.connected.set(len(self.conns))
         log.info("connected", extra={"fields": {"app": app}})
         reader = asyncio.create_task(self._read(conn, request_iterator))
-        get = closed = reader
+        closed = asyncio.create_task(conn.closed.wait())
+        get = write = None
+        stuck = False
         try:
             while True:
                 get = asyncio.create_task(conn.outbox.get())
-                closed = asyncio.create_task(conn.closed.wait())
                 done, _ = await asyncio.wait({get, closed, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if get in done:
-                    closed.cancel()
-                    yield get.result()
-                    continue
-                get.cancel()
-                closed.cancel()
-                break
+                if get not in done:
+                    break
+                write = asyncio.create_task(context.write(get.result()))
+                done, _ = await asyncio.wait({write, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if write not in done:
+                    done, _ = await asyncio.wait({write}, timeout=GOODBYE_WAIT_S)
+                if write not in done:
+                    stuck = True  # flow control holds the writes: the agent stopped reading
+                    break
+                if write.exception() is not None:
+                    return  # the agent is gone
+            end = conn.ending
+            if end is None:
+                return  # the agent closed its side: nothing to say
+            log.info("stream ended", extra={"fields": {"app": app, "why": end.why, "reason": end.reason}})
+            if not stuck:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(context.write(end.goodbye()), GOODBYE_WAIT_S)
+            if end.status is not grpc.StatusCode.OK:
+                if stuck:
+                    context.set_code(end.status)
+                    context.set_details(end.reason)
+                    return
+                await context.abort(end.status, end.reason)
         finally:
-            for task in (reader, get, closed):
-                task.cancel()
+            for task in (reader, closed, get):
+                if task is not None and not task.done():
+                    task.cancel()
             if self.conns.get(app) is conn:
                 del self.conns[app]
             self.metrics.connected.set(len(self.conns))
@@ -409,7 +630,12 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     async def _read(self, conn: Connection, request_iterator) -> None:
         try:
             async for msg in request_iterator:
+                if conn.ending is not None:
+                    continue  # an ended stream speaks no more for the app (drained, not closed: see Connect)
                 conn.last_seen = self.clock()
+                if isinstance(msg, Unparsable):
+                    self._reject(conn.app, INVALID, msg.reason, "message")
+                    continue
                 try:
                     self._dispatch(conn.app, msg)
                 except Exception as exc:  # one bad message must never take the arbiter down
@@ -417,9 +643,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     self._reject(conn.app, INVALID, f"could not handle the message: {exc}", "message")
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
+        except Exception as exc:  # whatever gRPC raised while reading: say why the stream ends
+            conn.end(StreamEnd("invalid", f"could not read the stream: {type(exc).__name__}: {exc}"))
 
     def _dispatch(self, app: str, msg: pb.AgentMessage) -> None:
         kind = msg.WhichOneof("kind")
+        if self._allocating and kind in ("release", "demand", "done"):
+            self._held_back.append(lambda: self._dispatch(app, msg))  # applied when the allocation returns
+            return
         if kind == "report":
             self._on_report(app, msg.report)
         elif kind == "bid":
@@ -435,30 +666,40 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         elif kind == "hello":
             self._reject(app, INVALID, "Hello is only the first message on a stream", "hello")
         else:
-            self._reject(app, INVALID, "empty message", "message")
+            self._reject(app, INVALID, "empty message (no known kind set)", "message")
 
     def _answer(self, app: str, claimed: str, round_id: int, kind: str) -> asyncio.Future | None:
         """The open request this message answers, or None after rejecting it with a reason."""
         if claimed and claimed != app:
-            self._reject(app, DENIED, f"{app!r} cannot send a {kind} for {claimed!r}", kind, round_id)
+            self._reject(app, DENIED, f"{app!r} cannot send a {kind} for {_quote([claimed])}", kind, round_id)
             return None
         fut = self._waiting.get((round_id, app, kind))
         if fut is None or fut.done():
             current = self._round.round_id if self._round is not None else None
-            if fut is not None:
+            if fut is not None and fut.cancelled():
+                reason = f"round {round_id}: the {kind} deadline passed"
+            elif fut is not None:
                 reason = f"round {round_id}: a {kind} was already received"
             elif current is None or round_id != current:
                 reason = f"round {round_id} is not open (stale or unknown round; open: {current})"
             else:
-                reason = f"round {round_id}: no {kind} was asked of {app!r} (or its deadline passed)"
+                reason = f"round {round_id}: no {kind} was asked of {app!r}"
             self._reject(app, INVALID, reason, kind, round_id)
             return None
         return fut
 
     def _on_report(self, app: str, msg: pb.RhoReport) -> None:
         fut = self._answer(app, msg.app, msg.round_id, "report")
-        if fut is not None:
-            fut.set_result(msg)
+        if fut is None:
+            return
+        try:
+            self._round.report(app, wire.report(msg))
+        except (InvalidReport, wire.WireError) as exc:
+            # Rejected with its reason; the app may send a corrected report before the deadline.
+            self._reject(app, INVALID, str(exc), "report", msg.round_id)
+            self._bad[(msg.round_id, app, "report")] = str(exc)
+            return
+        fut.set_result(msg)
 
     def _on_bid(self, app: str, msg: pb.Bid) -> None:
         fut = self._answer(app, msg.app, msg.round_id, "bid")
@@ -470,23 +711,28 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         except InvalidBid as exc:
             # Rejected with its reason; the app may send a corrected bid before the deadline.
             self._reject(app, INVALID, exc.reason, "bid", msg.round_id)
-            self._bad_bids[(msg.round_id, app)] = exc.reason
+            self._bad[(msg.round_id, app, "bid")] = exc.reason
             return
         fut.set_result(wire.frozen(table))
 
     def _on_release(self, app: str, msg: pb.Release) -> None:
         if msg.app and msg.app != app:
-            self._reject(app, DENIED, f"{app!r} cannot release GPUs for {msg.app!r}", "release")
+            self._reject(app, DENIED, f"{app!r} cannot release GPUs for {_quote([msg.app])}", "release")
+            return
+        if app not in self.engine.apps:
+            self._reject(app, INVALID, f"{app!r} has left (removed or done)", "release")
             return
         gpus = set(msg.gpus)
         held = self.engine.held(app)
         if not gpus or not gpus <= held:
             others = sorted(g for g in gpus - held if self.engine.leases.holder(g))
             code = DENIED if others else INVALID
-            self._reject(app, code, f"{app!r} does not hold {sorted(gpus - held)[:5] or 'an empty set'}", "release")
+            what = _quote(sorted(gpus - held)) if gpus else "an empty set"
+            self._reject(app, code, f"{app!r} does not hold {what}", "release")
             return
         self.engine.release(app, gpus, self.clock())
-        self.journal()
+        with contextlib.suppress(Exception):
+            self.journal()
         for gpu in sorted(gpus):
             self._publish_gpu(gpu)
         self._publish_app_leases(app)
@@ -494,34 +740,46 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     def _on_demand(self, app: str, msg: pb.DemandUpdate) -> None:
         if msg.app and msg.app != app:
-            self._reject(app, DENIED, f"{app!r} cannot set the demand of {msg.app!r}", "demand")
+            self._reject(app, DENIED, f"{app!r} cannot set the demand of {_quote([msg.app])}", "demand")
             return
         if msg.demand < 0:
             self._reject(app, INVALID, f"demand must be >= 0, got {msg.demand}", "demand")
             return
+        if app not in self.engine.apps:
+            self._reject(app, INVALID, f"{app!r} has left (removed or done)", "demand")
+            return
         self.engine.set_demand(app, msg.demand, self.clock())
-        self.journal()
+        with contextlib.suppress(Exception):
+            self.journal()
         self.kick()
 
     def _on_done(self, app: str, msg: pb.Done) -> None:
         if msg.app and msg.app != app:
-            self._reject(app, DENIED, f"{app!r} cannot finish {msg.app!r}", "done")
+            self._reject(app, DENIED, f"{app!r} cannot finish {_quote([msg.app])}", "done")
             return
-        self._remove(app, "app finished")
+        end = StreamEnd("finished", f"{app!r} is done: its leases ended")
+        if app in self.engine.apps:
+            self._remove(app, end)
+        conn = self.conns.get(app)
+        if conn is not None:
+            conn.end(end)
 
-    def _remove(self, app: str, reason: str) -> None:
+    def _remove(self, app: str, end: StreamEnd | None) -> None:
         """The app leaves: its leases end now. While a round is open the removal waits for it to
-        close (the round may already hold the app's report or bid)."""
-        if self._round is not None:
-            self._deferred.append((app, reason))
+        close (the round may already hold the app's report or bid); its stream, if any, ends now
+        with ``end``."""
+        if end is not None and app in self.conns and end.why != "finished":
+            self.conns[app].end(replace(end, gpus=tuple(sorted(self.engine.held(app)))))
+        if self._round is not None or self._allocating:
+            self._deferred.append((app, None))
             return
         freed = self.engine.remove_app(app, self.clock())
-        self.journal()
-        if freed:
-            self._send(app, pb.ArbiterMessage(revocation=pb.Revocation(gpus=sorted(freed), reason=reason)))
+        with contextlib.suppress(Exception):
+            self.journal()
         for gpu in sorted(freed):
             self._publish_gpu(gpu)
         self._publish_app_leases(app)
+        self.metrics.forget_app(app)
         self.kick()
 
     # -- registration and reads ----------------------------------------------------------------
@@ -536,30 +794,51 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         if not self._is_admin(context):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this call needs the admin token")
 
+    async def _need_app_name(self, app: str, context) -> None:
+        if not APP_NAME.match(app):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"app name {_quote([app])[2:-2]!r} must be 1-128 of A-Z a-z 0-9 . _ - "
+                                "(starting with a letter or digit)")
+
+    def _known(self, app: str) -> bool:
+        return app in self.engine.apps or self.store.registered(app)
+
     async def IssueToken(self, request: pb.IssueTokenRequest, context) -> pb.IssueTokenReply:
         await self._need_admin(context)
-        if not APP_NAME.match(request.app):
+        await self._need_app_name(request.app, context)
+        if not self._known(request.app) and self.store.app_count() + len(self.engine.apps) >= MAX_APPS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"app name {request.app!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alnum)")
+                                f"the arbiter knows {MAX_APPS} apps already (the limit); remove one first")
+        if self.store.open_tokens(request.app) >= MAX_OPEN_TOKENS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{request.app!r} has {MAX_OPEN_TOKENS} unused registration tokens (the limit); "
+                                "use one or RevokeCredential")
         token = new_secret("reg")
         self.store.add_token(token, request.app, "registration")
         return pb.IssueTokenReply(app=request.app, token=token)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
+        """A registration token buys the app's credential and revokes any older one (issue 12,
+        item 3): its stream, if open, ends. The admin token is not a registration token."""
         token = _bearer(context)
         if token is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a registration token is required")
-        if not APP_NAME.match(request.app):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad app name {request.app!r}")
+        await self._need_app_name(request.app, context)
+        if self._is_admin(context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "the admin token is not a registration token: issue one with IssueToken")
         owner = self.store.token_app(token, "registration")
-        if not self._is_admin(context):
-            if owner is None:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown or used registration token")
-            if owner != request.app:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                    f"this registration token is for {owner!r}, not {request.app!r}")
+        if owner is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown or used registration token")
+        if owner != request.app:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"this registration token is for {owner!r}, not {request.app!r}")
         credential = new_secret("app")
-        self.store.exchange_token(None if self._is_admin(context) else token, credential, request.app)
+        if not self.store.exchange_token(token, credential, request.app):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown or used registration token")
+        conn = self.conns.get(request.app)
+        if conn is not None:
+            conn.end(StreamEnd("revoked", f"{request.app!r} registered again: this stream's credential is revoked"))
         log.info("registered", extra={"fields": {"app": request.app}})
         return pb.RegisterReply(app=request.app, credential=credential)
 
@@ -586,8 +865,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             demand=(state.demand or 0) if state else 0,
             last_rho=self.last_rho.get(app, math.inf),
             n_avg=self.engine.n_avg(app, now) if state else 0.0,
-            leases=[wire.lease_pb(x) for x in sorted(self.engine.leases, key=lambda x: x.gpu) if x.app == app],
+            leases=[wire.lease_pb(x) for x in self._leases() if x.app == app],
         )
+
+    def _app_metrics(self) -> dict[str, tuple[float, int]]:
+        held: dict[str, int] = {}
+        for lease in self._leases():
+            held[lease.app] = held.get(lease.app, 0) + 1
+        return {a: (self.last_rho.get(a, math.inf), held.get(a, 0)) for a in self.engine.apps}
 
     # -- admin ---------------------------------------------------------------------------------
 
@@ -602,8 +887,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         return pb.ClusterState(
             cluster=cluster.name, size=cluster.size,
             gpus=wire.places({g: cluster.position(g) for g in cluster.gpu_ids}),
-            free=sorted(self.engine.free_gpus()), drained_machines=sorted(self.engine.drained),
-            leases=[wire.lease_pb(x) for x in sorted(self.engine.leases, key=lambda x: x.gpu)],
+            free=sorted(self._free()), drained_machines=sorted(self.engine.drained),
+            leases=[wire.lease_pb(x) for x in self._leases()],
             settings=self._settings_pb(), round_id=self.engine.round_id)
 
     async def GetClusterState(self, request, context) -> pb.ClusterState:
@@ -616,11 +901,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     async def ListLeases(self, request, context) -> pb.LeaseList:
         await self._need_admin(context)
-        return pb.LeaseList(leases=[wire.lease_pb(x) for x in sorted(self.engine.leases, key=lambda x: x.gpu)])
+        return pb.LeaseList(leases=[wire.lease_pb(x) for x in self._leases()])
 
     async def RoundHistory(self, request: pb.RoundHistoryRequest, context) -> pb.RoundList:
         await self._need_admin(context)
-        limit = request.limit if 0 < request.limit <= 10_000 else 50
+        if not 0 <= request.limit <= MAX_HISTORY:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"limit must be 0 (= 50) to {MAX_HISTORY} rounds, got {request.limit}")
+        limit = request.limit or 50
         rounds = []
         for s in self.store.rounds(limit):
             rounds.append(pb.RoundSummary(
@@ -633,17 +921,23 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         await self._need_admin(context)
         new = replace(self.settings)
         if request.HasField("policy"):
-            new.policy = request.policy
+            new.policy = request.policy[:NAME_MAX]
         if request.HasField("fairness_knob"):
             new.fairness_knob = request.fairness_knob
         if request.HasField("lease_s"):
+            low, high = LEASE_RANGE_S
+            if not low <= request.lease_s <= high:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"lease_s must be {low:g} to {high:g} s, got {request.lease_s}")
             new.lease_s = request.lease_s
         try:
             new.check()
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        await self._engine_free()
         self.apply_settings(new)
-        self.journal()
+        with contextlib.suppress(Exception):
+            self.journal()
         log.info("settings", extra={"fields": asdict(new)})
         return self._settings_pb()
 
@@ -656,15 +950,35 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.engine.expiry_window_s = max(new.coalesce_s, window)
 
     async def AddMachine(self, request: pb.AddMachineRequest, context) -> pb.ClusterState:
+        """Bounded before anything is built (issue 12: gpus = 2^31 - 1 once took the arbiter to 6 GB)."""
         await self._need_admin(context)
         if request.machine:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "machine names are given by the arbiter (<rack>-m<number>); leave it empty")
+        if not RACK_NAME.match(request.rack):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"rack name {_quote([request.rack])[2:-2]!r} must be 1-64 of A-Z a-z 0-9 . _ "
+                                "(no '-')")
+        if not 1 <= request.gpus <= MAX_MACHINE_GPUS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"gpus must be 1 to {MAX_MACHINE_GPUS} per machine, got {request.gpus}")
+        if not 0 <= request.slots <= request.gpus:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"slots must be 0 (= 1) to gpus ({request.gpus}), got {request.slots}")
+        if self.engine.cluster.size + request.gpus > MAX_CLUSTER_GPUS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the cluster would have {self.engine.cluster.size + request.gpus} GPUs; "
+                                f"the limit is {MAX_CLUSTER_GPUS}")
+        if len(self.engine.added_machines) >= MAX_ADDED_MACHINES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{MAX_ADDED_MACHINES} machines were added already (the limit)")
+        await self._engine_free()
         try:
             name = self.engine.add_machine(request.rack, request.gpus, request.slots or 1, self.clock())
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        self.journal()
+        with contextlib.suppress(Exception):
+            self.journal()
         for gpu in self.engine.cluster.machines[name]:
             self._publish_gpu(gpu)
         self.kick()
@@ -673,11 +987,16 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     async def DrainMachine(self, request: pb.DrainMachineRequest, context) -> pb.ClusterState:
         await self._need_admin(context)
+        if not 0 < len(request.machine) <= NAME_MAX:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"machine name must be 1-{NAME_MAX} characters, got {len(request.machine)}")
+        await self._engine_free()
         try:
             (self.engine.resume if request.resume else self.engine.drain)(request.machine)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
-        self.journal()
+        with contextlib.suppress(Exception):
+            self.journal()
         if request.resume:
             self.kick()  # its free GPUs are worth a round
         log.info("machine resumed" if request.resume else "machine drained",
@@ -685,14 +1004,35 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         return self._cluster_state()
 
     async def RemoveApp(self, request: pb.RemoveAppRequest, context) -> pb.AppState:
+        """Any registered app, connected or not, done or not (issue 12, item 3): its credentials
+        and tokens are revoked, its stream ends with a Goodbye, its leases end (after the open
+        round closes, if one is open)."""
         await self._need_admin(context)
-        if request.app not in self.engine.apps:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r}")
-        self._remove(request.app, "removed by an admin")
-        self.store.drop_tokens(request.app, "credential")
+        await self._need_app_name(request.app, context)
+        if not self._known(request.app):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
+        self.store.revoke(request.app)
+        end = StreamEnd("removed", f"{request.app!r} was removed by an admin: its leases ended")
+        if request.app in self.engine.apps:
+            self._remove(request.app, end)
         conn = self.conns.get(request.app)
         if conn is not None:
-            conn.close()
+            conn.end(end)
+        log.info("app removed", extra={"fields": {"app": request.app}})
+        return self._app_state(request.app)
+
+    async def RevokeCredential(self, request: pb.RevokeCredentialRequest, context) -> pb.AppState:
+        """The app's credentials and unused registration tokens stop working and its stream ends;
+        the app stays (its leases run out as usual) and may come back with a new token."""
+        await self._need_admin(context)
+        await self._need_app_name(request.app, context)
+        if not self._known(request.app):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
+        revoked = self.store.revoke(request.app)
+        conn = self.conns.get(request.app)
+        if conn is not None:
+            conn.end(StreamEnd("revoked", f"{request.app!r}'s credential was revoked by an admin"))
+        log.info("credential revoked", extra={"fields": {"app": request.app, "tokens": revoked}})
         return self._app_state(request.app)
 
 

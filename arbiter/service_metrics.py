@@ -1,9 +1,18 @@
-"""Prometheus metrics of the arbiter service: round latency, bidders, idle GPUs, leases, rejected
-messages, connected agents. Each service has its own registry, so tests can run several."""
+"""Prometheus metrics of the arbiter service. Each service has its own registry, so tests can run several.
+
+What an operator asks first (issue 12, item 6): per app, its rho (on what it holds after the last
+round), the GPUs it holds, the GPUs granted to it and its rejected messages; the process's CPU and
+memory; whether the event broker is connected and how much waits for it; how long journal writes
+take; how late the event loop runs. Per-app series are dropped when the app leaves, so their number
+is bounded by the apps the arbiter runs.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import math
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
 from arbiter.rounds import RoundResult
 
@@ -25,6 +34,33 @@ class ServiceMetrics:
         self.connected = Gauge("themis_connected_agents", "Agents with an open stream", registry=r)
         self.rejected = Counter("themis_rejected_messages", "Messages from agents that were rejected",
                                 ["what"], registry=r)
+        # per app
+        self.app_rho = Gauge("themis_app_rho", "The app's rho on what it holds after the last round "
+                             "(+Inf: holds nothing)", ["app"], registry=r)
+        self.app_gpus = Gauge("themis_app_gpus_held", "GPUs the app holds", ["app"], registry=r)
+        self.app_grants = Counter("themis_app_granted_gpus", "GPUs granted to the app", ["app"], registry=r)
+        self.app_rejections = Counter("themis_app_rejected_messages", "The app's messages that were rejected",
+                                      ["app"], registry=r)
+        # the process, the broker, the journal, the loop
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        self.broker_connected = Gauge("themis_broker_connected", "1 while the event bus is connected to its "
+                                      "broker (always 1 for in-memory events)", registry=r)
+        self.broker_queue = Gauge("themis_broker_queue", "Events waiting to be sent to the broker", registry=r)
+        self.broker_dropped = Gauge("themis_broker_dropped_events", "Events dropped because the queue was full",
+                                    registry=r)
+        self.journal_latency = Histogram(
+            "themis_journal_write_seconds", "Time to write the journal (one transaction)", registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
+        self.journal_failures = Counter("themis_journal_failures", "Journal writes that failed", registry=r)
+        self.loop_lag = Gauge("themis_loop_lag_seconds", "How late the event loop ran a 0.25 s timer, last check",
+                              registry=r)
+        self.serving = Gauge("themis_serving", "1 while health says SERVING", registry=r)
+
+    def bind_bus(self, connected: Callable[[], bool], pending: Callable[[], int], dropped: Callable[[], int]) -> None:
+        """Read the broker's state when scraped (the bus keeps it; nothing to update)."""
+        self.broker_connected.set_function(lambda: 1.0 if connected() else 0.0)
+        self.broker_queue.set_function(lambda: float(pending()))
+        self.broker_dropped.set_function(lambda: float(dropped()))
 
     def observe_round(self, result: RoundResult, latency: float, *, leases: int, connected: int) -> None:
         self.rounds.inc()
@@ -34,6 +70,21 @@ class ServiceMetrics:
         self.idle.set(len(result.idle))
         self.leases.set(leases)
         self.connected.set(connected)
+
+    def observe_apps(self, apps: Mapping[str, tuple[float, int]], result: RoundResult | None = None) -> None:
+        """``apps``: app -> (rho after the round, GPUs held)."""
+        for app, (rho, held) in apps.items():
+            self.app_rho.labels(app=app).set(rho if not math.isnan(rho) else math.inf)
+            self.app_gpus.labels(app=app).set(held)
+        for grant in result.grants if result is not None else ():
+            self.app_grants.labels(app=grant.app).inc(len(grant.gpus))
+
+    def forget_app(self, app: str) -> None:
+        for metric in (self.app_rho, self.app_gpus, self.app_grants, self.app_rejections):
+            try:
+                metric.remove(app)
+            except KeyError:
+                pass
 
     def serve(self, port: int, addr: str = "127.0.0.1"):
         """Expose /metrics over HTTP (a daemon thread); returns the server so it can be shut down."""

@@ -176,19 +176,39 @@ class Store:
         row = self.db.execute("SELECT app FROM tokens WHERE hash = ? AND kind = ?", (token_hash(token), kind)).fetchone()
         return row[0] if row else None
 
-    def exchange_token(self, registration: str | None, credential: str, app: str) -> None:
+    def exchange_token(self, registration: str, credential: str, app: str) -> bool:
         """Use up a registration token and store the credential it buys, in one transaction (a
-        failure must not consume the token without issuing the credential)."""
+        failure must not consume the token without issuing the credential). The app's older
+        credentials are revoked with it (issue 12: re-registering revokes the old credential).
+        False if the token was used meanwhile."""
         cur = self.db.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
-            if registration is not None:
-                cur.execute("DELETE FROM tokens WHERE hash = ?", (token_hash(registration),))
+            cur.execute("DELETE FROM tokens WHERE hash = ? AND kind = 'registration' AND app = ?",
+                        (token_hash(registration), app))
+            if cur.rowcount != 1:
+                cur.execute("ROLLBACK")
+                return False
+            cur.execute("DELETE FROM tokens WHERE app = ? AND kind = 'credential'", (app,))
             cur.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (token_hash(credential), app, "credential", time.time()))
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
             raise
+        return True
 
-    def drop_tokens(self, app: str, kind: str) -> None:
-        self.db.execute("DELETE FROM tokens WHERE app = ? AND kind = ?", (app, kind))
+    def revoke(self, app: str) -> int:
+        """Every credential and unused registration token of ``app``; returns how many."""
+        return self.db.execute("DELETE FROM tokens WHERE app = ?", (app,)).rowcount
+
+    def registered(self, app: str) -> bool:
+        """Whether ``app`` holds a credential or an unused registration token."""
+        return self.db.execute("SELECT 1 FROM tokens WHERE app = ? LIMIT 1", (app,)).fetchone() is not None
+
+    def app_count(self) -> int:
+        """Apps with a credential or token (those the engine runs are counted by the caller)."""
+        return self.db.execute("SELECT COUNT(DISTINCT app) FROM tokens").fetchone()[0]
+
+    def open_tokens(self, app: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM tokens WHERE app = ? AND kind = 'registration'",
+                               (app,)).fetchone()[0]

@@ -69,7 +69,7 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[RhoReport, _Mapping]] = ..., bid: _Optional[_Union[Bid, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., demand: _Optional[_Union[DemandUpdate, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
 
 class ArbiterMessage(_message.Message):
-    __slots__ = ("welcome", "rho_request", "offer", "grant", "revocation", "rejection", "heartbeat")
+    __slots__ = ("welcome", "rho_request", "offer", "grant", "revocation", "rejection", "heartbeat", "goodbye")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RHO_REQUEST_FIELD_NUMBER: _ClassVar[int]
     OFFER_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class ArbiterMessage(_message.Message):
     REVOCATION_FIELD_NUMBER: _ClassVar[int]
     REJECTION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     rho_request: RhoRequest
     offer: Offer
@@ -84,7 +85,8 @@ class ArbiterMessage(_message.Message):
     revocation: Revocation
     rejection: Rejection
     heartbeat: Heartbeat
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., rho_request: _Optional[_Union[RhoRequest, _Mapping]] = ..., offer: _Optional[_Union[Offer, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., revocation: _Optional[_Union[Revocation, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    goodbye: Goodbye
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., rho_request: _Optional[_Union[RhoRequest, _Mapping]] = ..., offer: _Optional[_Union[Offer, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., revocation: _Optional[_Union[Revocation, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("app", "demand")
@@ -245,6 +247,18 @@ class Heartbeat(_message.Message):
     NOW_FIELD_NUMBER: _ClassVar[int]
     now: float
     def __init__(self, now: _Optional[float] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ("why", "reason", "reconnect", "gpus")
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RECONNECT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    why: str
+    reason: str
+    reconnect: bool
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, why: _Optional[str] = ..., reason: _Optional[str] = ..., reconnect: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Done(_message.Message):
     __slots__ = ("app",)
@@ -436,6 +450,12 @@ class DrainMachineRequest(_message.Message):
     def __init__(self, machine: _Optional[str] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class RemoveAppRequest(_message.Message):
+    __slots__ = ("app",)
+    APP_FIELD_NUMBER: _ClassVar[int]
+    app: str
+    def __init__(self, app: _Optional[str] = ...) -> None: ...
+
+class RevokeCredentialRequest(_message.Message):
     __slots__ = ("app",)
     APP_FIELD_NUMBER: _ClassVar[int]
     app: str

@@ -94,6 +94,11 @@ class ArbiterStub:
                 request_serializer=themis__pb2.RemoveAppRequest.SerializeToString,
                 response_deserializer=themis__pb2.AppState.FromString,
                 _registered_method=True)
+        self.RevokeCredential = channel.unary_unary(
+                '/themis.v1.Arbiter/RevokeCredential',
+                request_serializer=themis__pb2.RevokeCredentialRequest.SerializeToString,
+                response_deserializer=themis__pb2.AppState.FromString,
+                _registered_method=True)
 
 
 class ArbiterServicer:
@@ -172,7 +177,18 @@ class ArbiterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RemoveApp(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Ends the app for good: its leases end (after the open round closes, if one is open), its
+        credentials and registration tokens are revoked and its stream is ended with a Goodbye. Works for
+        any registered app: connected or not, done or not.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeCredential(self, request, context):
+        """Revokes the app's credentials and unused registration tokens and ends its stream; the app stays
+        (its leases run out as usual) and may come back with a credential from a new registration token.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -238,6 +254,11 @@ def add_ArbiterServicer_to_server(servicer, server):
             'RemoveApp': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveApp,
                     request_deserializer=themis__pb2.RemoveAppRequest.FromString,
+                    response_serializer=themis__pb2.AppState.SerializeToString,
+            ),
+            'RevokeCredential': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCredential,
+                    request_deserializer=themis__pb2.RevokeCredentialRequest.FromString,
                     response_serializer=themis__pb2.AppState.SerializeToString,
             ),
     }
@@ -564,6 +585,33 @@ class Arbiter:
             target,
             '/themis.v1.Arbiter/RemoveApp',
             themis__pb2.RemoveAppRequest.SerializeToString,
+            themis__pb2.AppState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCredential(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/themis.v1.Arbiter/RevokeCredential',
+            themis__pb2.RevokeCredentialRequest.SerializeToString,
             themis__pb2.AppState.FromString,
             options,
             channel_credentials,

@@ -274,7 +274,7 @@ def test_the_local_demo_runs_both_apps_to_completion():
     import io
     import json
 
-    from arbiter.demo import _demo
+    from themis_demo.service import _demo
 
     out = io.StringIO()
     code = asyncio.run(_demo(40.0, None, out, speedup=400.0, lease_s=3.0))

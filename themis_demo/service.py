@@ -1,4 +1,5 @@
-"""``themis-arbiter demo``: the service end to end in one process, on loopback.
+"""``themis-arbiter demo`` (also ``python -m themis_demo.service``): the service end to end in one
+process, on loopback.
 
 An arbiter on a free port (journal in a temporary folder, in-memory events unless ``--mqtt``),
 a 16-GPU cluster and two successive-halving apps whose agents register with admin-issued tokens,
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from agent.agent import Agent
 from agent.appsched import SuccessiveHalvingApp
-from agent.client import AgentClient, issue_token, register
+from agent.client import AgentClient
+from protos.rpc import issue_token, register
 from agent.emulated import EmulatedJobs
 from agent.placement import load_profiles
 from arbiter.server import ArbiterServer, ServerConfig
@@ -92,3 +94,7 @@ async def _demo(seconds: float, mqtt: str | None, out=sys.stdout, *, speedup: fl
 
 def run_demo(seconds: float = 60.0, mqtt: str | None = None, *, speedup: float = 50.0, lease_s: float = 15.0) -> int:
     return asyncio.run(_demo(seconds, mqtt, speedup=speedup, lease_s=lease_s))
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo())

@@ -1,0 +1,425 @@
+"""Issue 12 against a real arbiter on loopback: every stream the arbiter ends is told why, unparsable
+input is refused with a reason, credentials can always be revoked, admin input is bounded, health
+follows the journal; and issue 11's agent-side items: a fatal refusal stops the agent with the
+reason, the rho published after a round is the app's rho on what it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agent.agent import Agent
+from agent.client import AgentClient, AgentStopped, channel, issue_token, register
+from arbiter.events import app_rho_topic
+from protos import themis_pb2 as pb
+from protos import themis_pb2_grpc as pb_grpc
+from tests.service_kit import (
+    ADMIN,
+    RawStream,
+    admin_stub,
+    arbiter,
+    credential,
+    halving_app,
+    start_agent,
+    target,
+    wait_for,
+)
+
+META = [("authorization", f"Bearer {ADMIN}")]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 90))
+
+
+async def status_of(call) -> tuple[grpc.StatusCode, str]:
+    return await call.code(), await call.details()
+
+
+async def refused(call_coro) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call_coro
+    return err.value
+
+
+# -- 1. every stream the arbiter ends gets a Goodbye and a status -----------------------------------
+
+
+def test_a_removed_agent_is_told_loses_every_gpu_and_stops_with_the_reason(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=60.0) as server:
+            a, task = await start_agent(server, "a", halving_app(jobs=4))
+            lost: list[tuple[list[str], str]] = []
+            a.on_revoke = lambda gpus, reason: lost.append((sorted(gpus), reason))
+            await wait_for(lambda: len(a.held) == 4)
+            held = sorted(a.held)
+            stub, meta, ch = admin_stub(server)
+            await stub.RemoveApp(pb.RemoveAppRequest(app="a"), metadata=meta)
+            with pytest.raises(AgentStopped) as err:
+                await asyncio.wait_for(task, 10)
+            assert err.value.why == "removed" and "removed by an admin" in err.value.reason
+            assert a.goodbye.gpus == held and not a.goodbye.reconnect
+            assert lost == [(held, err.value.reason)] and not a.held  # the runner stops jobs on these
+            await wait_for(lambda: "a" not in server.service.engine.apps)
+            assert not any(x.app == "a" for x in server.service.engine.leases)
+            await ch.close()
+
+    run(scenario())
+
+
+def test_a_replaced_stream_and_a_shut_down_arbiter_end_streams_with_goodbye_and_status(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            cred = await credential(server, "r")
+            first = RawStream(server, "r", cred)
+            first.send(hello=pb.Hello(app="r", demand=0))
+            await first.next("welcome")
+            second = RawStream(server, "r", cred)
+            second.send(hello=pb.Hello(app="r", demand=0))
+            await second.next("welcome")
+            bye = await first.next("goodbye")
+            assert bye.why == "replaced" and not bye.reconnect
+            assert (await status_of(first.call))[0] == grpc.StatusCode.ABORTED
+            await server.stop(grace=1.0)
+            bye = await second.next("goodbye")
+            assert bye.why == "shutting_down" and bye.reconnect
+            code, details = await status_of(second.call)
+            assert code == grpc.StatusCode.UNAVAILABLE and "shutting down" in details
+            await first.close()
+            await second.close()
+
+    run(scenario())
+
+
+def test_an_agent_that_falls_behind_is_ended_as_too_slow_and_told_so(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            server.service.outbox_limit = 20
+            cred = await credential(server, "slow")
+            async with channel(target(server)) as ch:
+                out: asyncio.Queue = asyncio.Queue()
+
+                async def messages():
+                    while (msg := await out.get()) is not None:
+                        yield msg
+
+                call = pb_grpc.ArbiterStub(ch).Connect(messages(), metadata=[("authorization", f"Bearer {cred}")])
+                out.put_nowait(pb.AgentMessage(hello=pb.Hello(app="slow", demand=0)))
+                junk = ["x" * 60 + str(k) for k in range(5)]
+                for _ in range(5000):  # each refused with a Rejection the agent never reads
+                    out.put_nowait(pb.AgentMessage(release=pb.Release(app="slow", gpus=junk)))
+                await wait_for(lambda: server.service.conns.get("slow") is None
+                               and server.service.metrics.app_rejections.labels(app="slow")._value.get() > 0, 30)
+                out.put_nowait(None)
+                got = []  # the agent reads at last: what was queued, then the Goodbye, then the status
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for msg in call:
+                        got.append(msg)
+                assert got[-1].goodbye.why == "too_slow" and got[-1].goodbye.reconnect
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "not read" in err.value.details()
+
+    run(scenario())
+
+
+def test_an_agent_whose_stream_goes_silent_reconnects_and_resumes(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=60.0, heartbeat_s=0.2) as server:
+            a, task = await start_agent(server, "a", halving_app(jobs=2))
+            await wait_for(lambda: len(a.held) == 2)
+            held = set(a.held)
+            heartbeats = server._tasks[1]  # the arbiter stops sending heartbeats; the stream stays open
+            heartbeats.cancel()
+            await wait_for(lambda: a.connects >= 2 and a.welcomed.is_set(), 15)
+            assert set(a.held) == held  # the Welcome gave its leases back
+            a.stop()
+            await task
+
+    run(scenario())
+
+
+# -- 4. unparsable input --------------------------------------------------------------------------
+
+
+def test_unparsable_messages_are_refused_with_invalid_argument_and_a_reason(tmp_path):
+    raw = lambda b: b  # noqa: E731 - send bytes as they are
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            cred = await credential(server, "fuzz")
+            async with channel(target(server)) as ch:
+                unary = ch.unary_unary("/themis.v1.Arbiter/ListApps", request_serializer=raw,
+                                       response_deserializer=pb.AppList.FromString)
+                err = await refused(unary(b"\xff\xff\xff\xff", metadata=META, timeout=5))
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "could not parse" in err.details()
+
+                connect = ch.stream_stream("/themis.v1.Arbiter/Connect", request_serializer=raw,
+                                           response_deserializer=pb.ArbiterMessage.FromString)
+                bad_first = connect(iter([b"\x0a\xff"]), metadata=[("authorization", f"Bearer {cred}")])
+                err = await refused(bad_first.read())
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "Hello" in err.details()
+
+                out: asyncio.Queue = asyncio.Queue()
+
+                async def messages():
+                    while (msg := await out.get()) is not None:
+                        yield msg
+
+                call = connect(messages(), metadata=[("authorization", f"Bearer {cred}")])
+                out.put_nowait(pb.AgentMessage(hello=pb.Hello(app="fuzz", demand=0)).SerializeToString())
+                assert (await call.read()).WhichOneof("kind") == "welcome"
+                out.put_nowait(b"\x12\x80")  # a truncated RhoReport
+                rejection = (await call.read()).rejection
+                assert rejection.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                assert "could not parse" in rejection.reason
+                out.put_nowait(pb.AgentMessage(demand=pb.DemandUpdate(app="fuzz", demand=-1)).SerializeToString())
+                assert "demand must be >= 0" in (await call.read()).rejection.reason  # the stream stays open
+                out.put_nowait(None)
+                call.cancel()
+
+    run(scenario())
+
+
+# -- 3. credentials ---------------------------------------------------------------------------------
+
+
+def test_credentials_of_any_registered_app_can_be_revoked_and_re_registering_revokes_the_old_one(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            tgt = target(server)
+            stub, meta, ch = admin_stub(server)
+
+            async def connects(app: str, cred: str) -> grpc.StatusCode:
+                s = RawStream(server, app, cred)
+                s.send(hello=pb.Hello(app=app, demand=0))
+                try:
+                    await wait_for(lambda: s.of("welcome") or s._reader.done(), 10)
+                    return grpc.StatusCode.OK if s.of("welcome") else await s.call.code()
+                finally:
+                    await s.close()
+
+            never = await credential(server, "never")  # registered, never connected
+            await stub.RemoveApp(pb.RemoveAppRequest(app="never"), metadata=meta)
+            assert await connects("never", never) == grpc.StatusCode.UNAUTHENTICATED
+
+            done = await credential(server, "done")  # connected, then Done
+            s = RawStream(server, "done", done)
+            s.send(hello=pb.Hello(app="done", demand=0))
+            await s.next("welcome")
+            s.send(done=pb.Done(app="done"))
+            assert (await s.next("goodbye")).why == "finished"
+            assert await s.call.code() == grpc.StatusCode.OK
+            await s.close()
+            await wait_for(lambda: "done" not in server.service.engine.apps)
+            await stub.RemoveApp(pb.RemoveAppRequest(app="done"), metadata=meta)
+            assert await connects("done", done) == grpc.StatusCode.UNAUTHENTICATED
+
+            err = await refused(stub.RemoveApp(pb.RemoveAppRequest(app="nobody"), metadata=meta))
+            assert err.code() == grpc.StatusCode.NOT_FOUND
+
+            old = await credential(server, "again")
+            live = RawStream(server, "again", old)
+            live.send(hello=pb.Hello(app="again", demand=0))
+            await live.next("welcome")
+            new = await credential(server, "again")  # a second registration revokes the first credential
+            bye = await live.next("goodbye")
+            assert bye.why == "revoked" and (await live.call.code()) == grpc.StatusCode.UNAUTHENTICATED
+            await live.close()
+            assert await connects("again", old) == grpc.StatusCode.UNAUTHENTICATED
+            assert await connects("again", new) == grpc.StatusCode.OK
+
+            await stub.RevokeCredential(pb.RevokeCredentialRequest(app="again"), metadata=meta)
+            assert await connects("again", new) == grpc.StatusCode.UNAUTHENTICATED
+            assert "again" in server.service.engine.apps  # revoking keeps the app; its leases run out
+
+            err = await refused(register(tgt, "admin-made", ADMIN))  # the admin token registers nothing
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "not a registration token" in err.details()
+            await ch.close()
+
+    run(scenario())
+
+
+def test_done_during_an_open_round_then_a_quick_reconnect_leaves_no_ghost(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path, report_timeout_s=2.0, lease_s=60.0) as server:
+            cred = await credential(server, "g")
+            first = RawStream(server, "g", cred)
+            first.send(hello=pb.Hello(app="g", demand=2))
+            await first.next("welcome")
+            request = await first.next("rho_request")
+            assert server.service._round is not None and server.service._round.round_id == request.round_id
+            first.send(done=pb.Done(app="g"))  # the round is open: the removal waits for it to close
+            await first.next("goodbye")
+            await first.close()
+            again = RawStream(server, "g", cred)
+            again.send(hello=pb.Hello(app="g", demand=2))
+            await again.next("welcome")
+            assert "g" in server.service.engine.apps and "g" in server.service.conns
+            ask = await again.next("rho_request")  # asked again: a live app, not a ghost
+            assert ask.round_id > request.round_id
+            assert not [r for r in again.of("rejection") if "unknown app" in r.reason]
+            await again.close()
+
+    run(scenario())
+
+
+# -- 2. bounds on admin input -------------------------------------------------------------------------
+
+
+def test_absurd_admin_input_is_refused_naming_the_limit_and_changes_nothing(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            stub, meta, ch = admin_stub(server)
+            before = await stub.GetClusterState(pb.ClusterStateRequest(), metadata=meta)
+            cases = [
+                (stub.AddMachine(pb.AddMachineRequest(rack="r9", gpus=2**31 - 1), metadata=meta), "1 to 64"),
+                (stub.AddMachine(pb.AddMachineRequest(rack="r9", gpus=8, slots=9), metadata=meta), "slots"),
+                (stub.AddMachine(pb.AddMachineRequest(rack="r" * 500, gpus=8), metadata=meta), "1-64"),
+                (stub.DrainMachine(pb.DrainMachineRequest(machine="m" * 10_000), metadata=meta), "1-128"),
+                (stub.RoundHistory(pb.RoundHistoryRequest(limit=10**9), metadata=meta), "10000"),
+                (stub.UpdateSettings(pb.SettingsUpdate(lease_s=1e-9), metadata=meta), "lease_s must be 1"),
+                (stub.IssueToken(pb.IssueTokenRequest(app="a" * 129), metadata=meta), "1-128"),
+            ]
+            for call, limit in cases:
+                err = await refused(call)
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and limit in err.details(), err.details()
+            for _ in range(16):
+                await stub.IssueToken(pb.IssueTokenRequest(app="t"), metadata=meta)
+            err = await refused(stub.IssueToken(pb.IssueTokenRequest(app="t"), metadata=meta))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "16 unused registration tokens" in err.details()
+            after = await stub.GetClusterState(pb.ClusterStateRequest(), metadata=meta)
+            assert after.size == before.size and after.settings == before.settings
+            await ch.close()
+
+    run(scenario())
+
+
+# -- 5. health follows the journal -----------------------------------------------------------------
+
+
+def test_health_is_not_serving_while_the_journal_fails(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            stub, meta, ch = admin_stub(server)
+            health = health_pb2_grpc.HealthStub(ch)
+
+            async def status():
+                return (await health.Check(health_pb2.HealthCheckRequest(service="themis.v1.Arbiter"))).status
+
+            assert await status() == health_pb2.HealthCheckResponse.SERVING
+            server.service.store.db.execute("PRAGMA query_only=ON")  # every write now fails in SQLite
+            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5), metadata=meta)
+            while await status() != health_pb2.HealthCheckResponse.NOT_SERVING:
+                await asyncio.sleep(0.05)
+            assert "journal" in server.service.problems
+            server.service.store.db.execute("PRAGMA query_only=OFF")
+            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.6), metadata=meta)
+            while await status() != health_pb2.HealthCheckResponse.SERVING:
+                await asyncio.sleep(0.05)
+            await ch.close()
+
+    run(scenario())
+
+
+# -- issue 11: rho after the round, and the agent stopping on a fatal refusal -------------------------
+
+
+def test_the_rho_published_after_a_round_is_finite_for_an_app_that_holds_gpus(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=2.0) as server:
+            bus = server.service.bus
+            a, ta = await start_agent(server, "a", halving_app(jobs=4))
+            b, tb = await start_agent(server, "b", halving_app(jobs=4))
+            await wait_for(lambda: a.held and b.held)
+            first = server.service.rounds_run
+            await wait_for(lambda: server.service.rounds_run >= first + 3, 30)  # leases expired and were re-won
+            for app in ("a", "b"):
+                published = bus.retained[app_rho_topic(server.service.cluster, app)]
+                assert published["gpus"], published
+                assert published["rho"] is not None and math.isfinite(published["rho"]), published
+            stub, meta, ch = admin_stub(server)
+            apps = await stub.ListApps(pb.ListAppsRequest(), metadata=meta)
+            assert all(math.isfinite(x.last_rho) for x in apps.apps if x.leases)
+            for c, t in ((a, ta), (b, tb)):
+                c.stop()
+                await t
+            await ch.close()
+
+    run(scenario())
+
+
+def test_the_agent_command_exits_with_the_reason_on_a_stale_credential(tmp_path):
+    import subprocess
+    import sys
+
+    app_file = tmp_path / "tiny.toml"
+    app_file.write_text('[app]\nkind = "successive_halving"\niter_times = [1, 2]\niterations = [20, 40]\n'
+                        'job_demand_max = 2\nslowdown = [1, 1, 1.2, 1.5]\n[context]\ncluster_size = 8\nn_avg = 1\n')
+    cred_file = tmp_path / "tiny.cred"
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            tgt = target(server)
+            cred_file.write_text(await register(tgt, "tiny", await issue_token(tgt, "tiny", ADMIN)) + "\n")
+            await credential(server, "tiny")  # registered again elsewhere: the file's credential is stale
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent.cli", "run", str(app_file), "--arbiter", tgt,
+                "--credential-file", str(cred_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 1, err.decode()[-2000:]
+            assert "UNAUTHENTICATED" in err.decode(), err.decode()[-2000:]
+
+    run(scenario())
+
+
+def test_an_agent_that_never_reaches_the_arbiter_gives_up_with_the_reason():
+    async def scenario():
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # nothing listens here
+        client = AgentClient(Agent(halving_app()), "a", f"127.0.0.1:{port}", "app_x", backoff_s=(0.05, 0.2),
+                             connect_timeout_s=0.5, first_connect_timeout_s=1.0)
+        with pytest.raises(AgentStopped) as err:
+            await client.run()
+        assert err.value.why == "unreachable" and "UNAVAILABLE" in err.value.reason
+
+    run(scenario())
+
+
+# -- 7. layers: the arbiter does not import the agent --------------------------------------------------
+
+
+def test_the_arbiter_package_and_its_command_line_import_nothing_of_the_agent():
+    import subprocess
+    import sys
+
+    code = ("import sys, arbiter.cli, arbiter.server, arbiter.service, arbiter.store, arbiter.events; "
+            "sys.exit(sorted(m for m in sys.modules if m == 'agent' or m.startswith('agent.')) or 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr or done.stdout
+
+
+def test_status_shows_which_gpus_each_app_holds_and_a_finite_rho(tmp_path, capsys):
+    from arbiter.cli import main
+
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=2.0) as server:
+            a, task = await start_agent(server, "a", halving_app(jobs=2))
+            first = server.service.rounds_run
+            await wait_for(lambda: len(a.held) == 2 and server.service.rounds_run >= first + 2, 30)
+            await asyncio.to_thread(main, ["status", "--arbiter", target(server), "--admin-token", ADMIN])
+            a.stop()
+            await task
+
+    run(scenario())
+    import json
+
+    status = json.loads(capsys.readouterr().out)
+    (app,) = status["apps"]
+    assert app["held"] and len(app["held"]) == app["gpus"] and app["rho"] is not None and math.isfinite(app["rho"])
