@@ -558,8 +558,10 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         # comes meanwhile waits for it, then starts the app afresh (else it would be removed under
         # a live stream: the "ghost app" of issue 12).
         while self._allocating or any(a == app for a, _ in self._deferred):
-            await asyncio.wait([asyncio.ensure_future(self._between_rounds.wait()),
-                                asyncio.ensure_future(self._allocated.wait())], return_when=asyncio.FIRST_COMPLETED)
+            waits = {asyncio.ensure_future(self._between_rounds.wait()), asyncio.ensure_future(self._allocated.wait())}
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in pending:
+                w.cancel()
             await asyncio.sleep(0)
         if self.store.token_app(credential, "credential") != app:  # revoked while it waited
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this credential was revoked")

@@ -423,3 +423,78 @@ def test_status_shows_which_gpus_each_app_holds_and_a_finite_rho(tmp_path, capsy
     status = json.loads(capsys.readouterr().out)
     (app,) = status["apps"]
     assert app["held"] and len(app["held"]) == app["gpus"] and app["rho"] is not None and math.isfinite(app["rho"])
+
+
+def test_health_is_not_serving_after_the_event_loop_stalled_and_recovers(tmp_path):
+    import time
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            async with channel(target(server)) as ch:
+                health = health_pb2_grpc.HealthStub(ch)
+
+                async def status():
+                    return (await health.Check(health_pb2.HealthCheckRequest(service=""))).status
+
+                assert await status() == health_pb2.HealthCheckResponse.SERVING
+                time.sleep(1.5)  # noqa: ASYNC251 - the point: the arbiter's loop (this one) stalls
+                while await status() != health_pb2.HealthCheckResponse.NOT_SERVING:
+                    await asyncio.sleep(0.05)
+                assert "stalled" in server.service.problems["loop"]
+                while await status() != health_pb2.HealthCheckResponse.SERVING:
+                    await asyncio.sleep(0.1)
+
+    run(scenario())
+
+
+def test_per_app_process_broker_and_journal_metrics_are_exported(tmp_path):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def scenario():
+        async with arbiter(tmp_path, metrics_port=port, lease_s=2.0) as server:
+            a, task = await start_agent(server, "a", halving_app(jobs=2))
+            raw = RawStream(server, "m", await credential(server, "m"))
+            raw.send(hello=pb.Hello(app="m", demand=0))
+            await raw.next("welcome")
+            raw.send(release=pb.Release(app="m", gpus=["nope"]))
+            await raw.next("rejection")
+            first = server.service.rounds_run
+            await wait_for(lambda: len(a.held) == 2 and server.service.rounds_run >= first + 2, 30)
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode())
+            lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")}
+            assert lines['themis_app_gpus_held{app="a"}'] == "2.0"
+            assert math.isfinite(float(lines['themis_app_rho{app="a"}']))
+            assert float(lines['themis_app_granted_gpus_total{app="a"}']) >= 2
+            assert lines['themis_app_rejected_messages_total{app="m"}'] == "1.0"
+            assert float(lines["process_resident_memory_bytes"]) > 0 and "process_cpu_seconds_total" in lines
+            assert lines["themis_broker_connected"] == "1.0" and lines["themis_broker_queue"] == "0.0"
+            assert float(lines["themis_journal_write_seconds_count"]) > 0 and lines["themis_serving"] == "1.0"
+            await raw.close()
+            a.stop()
+            await task
+
+    run(scenario())
+
+
+def test_a_rejected_rho_report_can_be_corrected_within_its_round(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path, report_timeout_s=3.0) as server:
+            raw = RawStream(server, "fix", await credential(server, "fix"))
+            raw.send(hello=pb.Hello(app="fix", demand=4))
+            await raw.next("welcome")
+            request = await raw.next("rho_request")
+            raw.send(report=pb.RhoReport(round_id=request.round_id, app="fix", rho=math.nan, demand=4))
+            rejection = await raw.next("rejection")
+            assert rejection.what == "report" and "rho must be > 0" in rejection.reason
+            raw.send(report=pb.RhoReport(round_id=request.round_id, app="fix", rho=math.inf, demand=4, rho_wait=2.0))
+            offer = await raw.next("offer")  # the corrected report counted: the app is offered GPUs
+            assert offer.round_id == request.round_id
+            await raw.close()
+
+    run(scenario())
