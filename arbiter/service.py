@@ -1,8 +1,12 @@
 """The arbiter as a gRPC service: the wall-clock shell around the round engine (paper 4.2, Fig. 7).
 
 One asyncio loop owns everything: the gRPC server (grpc.aio), the round loop, the journal and the
-event bus. Nothing else mutates the engine, so no GPU can be granted twice by a race; the lease
-table refuses it anyway, and the journal's primary key on the GPU would too.
+event bus. The one exception is a round's allocation (the auction's MILPs, CPU-heavy): it runs in a
+worker thread so heartbeats, health and admin reads answer meanwhile (issue 12, item 5), and while
+it runs nothing on the loop mutates the engine -- agents' releases, demand updates and Done are held
+back and applied when it returns, Hellos and admin changes wait for it, reads see the leases as they
+were when it started. So no GPU can be granted twice by a race; the lease table refuses it anyway,
+and the journal's primary key on the GPU would too.
 
 A round follows D10 on the wall clock. When one is due the service opens it, sends a RhoRequest to
 every connected app the engine wants a report from (D6) and waits until all answered or the report
@@ -12,8 +16,9 @@ the new state is journaled, and only then do grants and revocations go out and e
 -- so after a crash, what agents were told is never ahead of the journal.
 
 Every message from an agent is checked: an app acts only for itself (PERMISSION_DENIED), and a bid
-or report that is malformed, late or for a stale round is rejected with INVALID_ARGUMENT and a
-reason, on the stream, which stays open; the round goes on for everyone else.
+or report that is malformed, unparsable, late or for a stale round is rejected with INVALID_ARGUMENT
+and a reason, on the stream, which stays open; the round goes on for everyone else. Every stream
+the arbiter ends gets a Goodbye and a status saying why (:class:`StreamEnd`, issue 12).
 """
 
 from __future__ import annotations
@@ -916,7 +921,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             rounds.append(pb.RoundSummary(
                 round_id=s["round_id"], now=s["now"], offered=s["offered"], bidders=s["bidders"],
                 rejected=s["rejected"], granted=s["granted"], idle=s["idle"], latency_s=s["latency_s"],
-                rho={a: (math.inf if r is None else r) for a, r in s["rho"].items()}))
+                rho={a: (math.inf if r is None else r) for a, r in s["rho"].items()},
+                expired=s.get("expired", 0), moved=s.get("moved", 0)))
         return pb.RoundList(rounds=rounds)
 
     async def UpdateSettings(self, request: pb.SettingsUpdate, context) -> pb.Settings:

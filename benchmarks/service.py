@@ -19,9 +19,14 @@ lets ``--warmup`` seconds pass, then measures for ``--seconds``:
   grant;
 * rounds, apps asked for rho and bidders (apps offered GPUs) per round, GPUs offered and granted,
   rounds in which some app missed the report or bid deadline;
+* the same latency apart for rounds with and without a mass expiry (>= 100 leases ran out as the
+  round opened) -- issue 12, item 8;
+* how long a health check and a small admin call (RoundHistory) took, probed every 0.25 s during
+  the window: the auction runs in a worker thread, so they must not wait behind it (issue 12, item 5);
 * the arbiter's CPU (% of one core, from /proc/<pid>/stat) and peak RSS (VmHWM, /proc/<pid>/status);
   and, to tell a slow arbiter from a busy machine, the client processes' CPU and the whole machine's
-  (from /proc/stat: other users' processes included) and its load average.
+  (from /proc/stat: other users' processes included) and its 1-minute load average, sampled during
+  the window (os.getloadavg).
 
 The goal (issue: the arbiter service) is 500 connected apps with a round p95 under 2 s; the output
 says whether it was met, on the server's and on the agents' clock.
@@ -59,7 +64,8 @@ from rich.table import Table
 
 from agent.agent import Agent
 from agent.appsched import SuccessiveHalvingApp
-from agent.client import AgentClient, channel
+from agent.client import AgentClient
+from protos.rpc import channel
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 
@@ -68,6 +74,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "service.json"
 ADMIN = "benchmark-admin-token"
 GOAL_APPS = 500
 GOAL_P95_S = 2.0
+MASS_EXPIRY = 100  # a round in which at least this many leases ran out together (issue 12: 3.6-4.2 s at 500 apps)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -240,6 +247,26 @@ async def register_all(target: str, specs: list[dict[str, Any]], concurrency: in
     return time.perf_counter() - started
 
 
+async def probe(target: str, until: float, every_s: float = 0.25) -> dict[str, list[float]]:
+    """Every ``every_s`` during the window: a health check and a small admin call (how long
+    each took, issue 12 item 5: they must not wait behind an auction), and the machine's 1-minute
+    load average (issue 12 item 8: how busy the machine was while it was measured)."""
+    out: dict[str, list[float]] = {"health_s": [], "admin_s": [], "load_1min": []}
+    meta = [("authorization", f"Bearer {ADMIN}")]
+    async with channel(target) as ch:
+        health, stub = health_pb2_grpc.HealthStub(ch), pb_grpc.ArbiterStub(ch)
+        while time.time() < until:
+            started = time.perf_counter()
+            await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
+            out["health_s"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await stub.RoundHistory(pb.RoundHistoryRequest(limit=1), metadata=meta, timeout=30)
+            out["admin_s"].append(time.perf_counter() - started)
+            out["load_1min"].append(os.getloadavg()[0])
+            await asyncio.sleep(every_s)
+    return out
+
+
 async def admin_call(target: str, method: str, request):
     async with channel(target) as ch:
         return await getattr(pb_grpc.ArbiterStub(ch), method)(
@@ -300,10 +327,12 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         await asyncio.sleep(args.warmup)
         t0, cpu0, busy0 = time.time(), cpu_seconds(arbiter.pid), machine_busy()
         clients0 = sum(cpu_seconds(w.pid) for w in workers)
+        probes = asyncio.create_task(probe(target, t0 + args.seconds))
         await asyncio.sleep(args.seconds)
         t1, cpu1, busy1 = time.time(), cpu_seconds(arbiter.pid), machine_busy()
         clients1 = sum(cpu_seconds(w.pid) for w in workers)
         load = os.getloadavg()
+        probed = await probes
         memory = memory_mb(arbiter.pid)
         history = (await admin_call(target, "RoundHistory", pb.RoundHistoryRequest(limit=10_000))).rounds
         apps_end = (await admin_call(target, "ListApps", pb.ListAppsRequest())).apps
@@ -337,7 +366,7 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
             if rid in in_window and now is not None:
                 per_grant.append(received - now)
                 last_grant[rid] = max(last_grant.get(rid, 0.0), received - now)
-    big = [r for r in rounds if r.offered >= 100]  # the rounds in which most leases ran out together
+    big = [r for r in rounds if r.expired >= MASS_EXPIRY]  # many leases ran out together
     agent_latency = list(last_grant.values())
     missed = [r for r in rounds if any("before the deadline" in why for why in r.rejected.values())]
     compute = {kind: [s * 1e3 for w in results for k, s in w["compute"] if k == kind]
@@ -360,11 +389,14 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         "idle_per_round": stats([r.idle for r in rounds]),
         "gpus_by_source": {src: sum(s.get(src, 0) for s in by_source.values())
                            for src in ("auction", "leftover", "policy")},
-        "big_rounds": {"n": len(big), "offered_min": 100, "server_latency_s": stats([r.latency_s for r in big]),
+        "big_rounds": {"n": len(big), "expired_min": MASS_EXPIRY, "server_latency_s": stats([r.latency_s for r in big]),
                        "bidders": stats([len(r.bidders) for r in big]),
                        "auction_gpus": sum(by_source.get(r.round_id, {}).get("auction", 0) for r in big),
                        "leftover_gpus": sum(by_source.get(r.round_id, {}).get("leftover", 0) for r in big)},
-        "small_rounds_server_latency_s": stats([r.latency_s for r in rounds if r.offered < 100]),
+        "small_rounds_server_latency_s": stats([r.latency_s for r in rounds if r.expired < MASS_EXPIRY]),
+        "health_check_s": stats(probed["health_s"]),
+        "admin_call_s": stats(probed["admin_s"]),
+        "load_1min_during": stats(probed["load_1min"]),
         "rounds_missing_deadlines": len(missed),
         "deadline_misses": sum(sum("before the deadline" in why for why in r.rejected.values()) for r in rounds),
         "arbiter_cpu_percent": (cpu1 - cpu0) / window * 100,
@@ -382,6 +414,7 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         "agent_report_ms": stats(compute["rho_request"]),
         "agent_bid_ms": stats(compute["offer"]),
         "rounds_detail": [{"round_id": r.round_id, "now": r.now, "latency_s": r.latency_s, "asked": len(r.rho),
+                           "expired": r.expired,
                            "bidders": len(r.bidders), "offered": r.offered, "granted": sum(r.granted.values()),
                            "agent_latency_s": last_grant.get(r.round_id), "by_source": by_source.get(r.round_id, {})}
                           for r in rounds],
@@ -397,21 +430,28 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 def table(cells: list[dict[str, Any]]) -> Table:
     t = Table(title="Arbiter service under load (sim-256)")
-    for name in ("apps", "rounds", "server p50 / p95 (s)", "agents p50 / p95 (s)", "reports / bids per round",
-                 "GPUs offered / granted", "deadline misses", "arbiter CPU", "peak RSS", "register / connect",
-                 "clients / whole machine CPU"):
+    for name in ("apps", "rounds", "server p50 / p95 (s)", "no mass expiry p50 / p95", "mass expiry p50 / p95 (n)",
+                 "agents p50 / p95 (s)", "reports / bids per round", "GPUs offered / granted", "deadline misses",
+                 "health / admin p95", "arbiter CPU", "peak RSS", "register / connect",
+                 "clients / whole machine CPU", "load (1 min) mean / max"):
         t.add_column(name, justify="right")
     for c in cells:
         t.add_row(
             str(c["apps"]), f"{c['rounds']} ({c['rounds_per_min']:.1f}/min)",
             f"{fmt(c['server_latency_s']['median'], '.3f')} / {fmt(c['server_latency_s']['p95'], '.3f')}",
+            f"{fmt(c['small_rounds_server_latency_s']['median'], '.3f')} / "
+            f"{fmt(c['small_rounds_server_latency_s']['p95'], '.3f')}",
+            f"{fmt(c['big_rounds']['server_latency_s']['median'], '.3f')} / "
+            f"{fmt(c['big_rounds']['server_latency_s']['p95'], '.3f')} ({c['big_rounds']['n']})",
             f"{fmt(c['agent_latency_s']['median'], '.3f')} / {fmt(c['agent_latency_s']['p95'], '.3f')}",
             f"{fmt(c['asked_per_round']['mean'], '.0f')} / {fmt(c['bidders_per_round']['mean'], '.1f')}",
             f"{fmt(c['offered_per_round']['mean'], '.1f')} / {fmt(c['granted_per_round']['mean'], '.1f')}",
             f"{c['deadline_misses']} in {c['rounds_missing_deadlines']} rounds",
+            f"{fmt(c['health_check_s']['p95'], '.3f')} / {fmt(c['admin_call_s']['p95'], '.3f')} s",
             f"{c['arbiter_cpu_percent']:.0f}%", f"{fmt(c['arbiter_peak_rss_mb'], '.0f')} MB",
             f"{c['register_s']:.1f} / {c['connect_s']:.1f} s",
             f"{c['clients_cpu_percent']:.0f}% / {c['machine_cpu_percent']:.0f}% of {os.cpu_count()} cores",
+            f"{fmt(c['load_1min_during']['mean'])} / {fmt(c['load_1min_during']['max'])}",
         )
     return t
 
@@ -465,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(table(cells))
     for c in cells:
         b = c["big_rounds"]
-        console.print(f"{c['apps']} apps: {b['n']} rounds re-auctioned >= 100 GPUs (most leases ran out together): "
+        console.print(f"{c['apps']} apps: {b['n']} rounds with >= {MASS_EXPIRY} leases expiring together: "
                       f"server p50 / p95 {fmt(b['server_latency_s']['median'], '.3f')} / "
                       f"{fmt(b['server_latency_s']['p95'], '.3f')} s with {fmt(b['bidders']['mean'], '.0f')} bidders, "
                       f"GPUs won in the auction / handed out as leftover: {b['auction_gpus']} / {b['leftover_gpus']}; "

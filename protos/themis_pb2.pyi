@@ -371,7 +371,7 @@ class RoundHistoryRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round_id", "now", "offered", "bidders", "rejected", "granted", "idle", "latency_s", "rho")
+    __slots__ = ("round_id", "now", "offered", "bidders", "rejected", "granted", "idle", "latency_s", "rho", "expired", "moved")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +402,8 @@ class RoundSummary(_message.Message):
     IDLE_FIELD_NUMBER: _ClassVar[int]
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     RHO_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     now: float
     offered: int
@@ -411,7 +413,9 @@ class RoundSummary(_message.Message):
     idle: int
     latency_s: float
     rho: _containers.ScalarMap[str, float]
-    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., offered: _Optional[int] = ..., bidders: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Mapping[str, str]] = ..., granted: _Optional[_Mapping[str, int]] = ..., idle: _Optional[int] = ..., latency_s: _Optional[float] = ..., rho: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    expired: int
+    moved: int
+    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., offered: _Optional[int] = ..., bidders: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Mapping[str, str]] = ..., granted: _Optional[_Mapping[str, int]] = ..., idle: _Optional[int] = ..., latency_s: _Optional[float] = ..., rho: _Optional[_Mapping[str, float]] = ..., expired: _Optional[int] = ..., moved: _Optional[int] = ...) -> None: ...
 
 class RoundList(_message.Message):
     __slots__ = ("rounds",)
