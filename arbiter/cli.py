@@ -5,6 +5,7 @@
     themis-arbiter issue-token APP [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter status [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter drain MACHINE [--resume] [--arbiter HOST:PORT] [--admin-token T]
+    themis-arbiter remove-app APP | revoke-credential APP [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter demo [--seconds 60]
     themis-arbiter cluster-from-slurm [--name NAME] [--gres-type g{index}] [--from FILE] > cluster.toml
     themis-arbiter slurm-sync [--arbiter HOST:PORT] [--admin-token T] [--from FILE]
@@ -117,6 +118,28 @@ def cmd_drain(args: argparse.Namespace) -> int:
     state = asyncio.run(drain())
     if args.command == "drain":
         print(json.dumps({"drained": list(state.drained_machines)}))
+    return 0
+
+
+def cmd_app_call(args: argparse.Namespace) -> int:
+    """``remove-app`` (the app leaves for good) and ``revoke-credential`` (its credentials stop
+    working; it keeps its leases until they run out), issue 12 item 3."""
+    from protos import themis_pb2 as pb
+    from protos import themis_pb2_grpc as pb_grpc
+    from protos.rpc import bearer, channel
+
+    async def call():
+        async with channel(args.arbiter) as ch:
+            stub = pb_grpc.ArbiterStub(ch)
+            if args.command == "remove-app":
+                return await stub.RemoveApp(pb.RemoveAppRequest(app=args.app), metadata=bearer(_admin_token(args)),
+                                            timeout=10)
+            return await stub.RevokeCredential(pb.RevokeCredentialRequest(app=args.app),
+                                               metadata=bearer(_admin_token(args)), timeout=10)
+
+    state = asyncio.run(call())
+    print(json.dumps({"app": state.app, "active": state.active, "connected": state.connected,
+                      "gpus": sorted(x.gpu for x in state.leases)}))
     return 0
 
 
@@ -244,10 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("machine")
     dr.add_argument("--resume", action="store_true", help="put a drained machine back in service")
     dr.set_defaults(func=cmd_drain)
+    rm = sub.add_parser("remove-app", help="remove an app for good: leases end, credentials revoked (admin)")
+    rm.add_argument("app")
+    rm.set_defaults(func=cmd_app_call)
+    rv = sub.add_parser("revoke-credential", help="revoke an app's credentials; its leases run out (admin)")
+    rv.add_argument("app")
+    rv.set_defaults(func=cmd_app_call)
     ss = sub.add_parser("slurm-sync", help="drain the machines Slurm reports drained, down or failing (admin)")
     ss.add_argument("--from", dest="from_file", help="read saved `scontrol --oneliner show nodes` output instead")
     ss.set_defaults(func=cmd_slurm_sync)
-    for p in (t, dr, ss):
+    for p in (t, dr, ss, rm, rv):
         p.add_argument("--arbiter", default=DEFAULT_TARGET)
         p.add_argument("--admin-token")
         p.add_argument("--db", default="themis-arbiter.db", help="find the admin token next to this journal")

@@ -498,3 +498,27 @@ def test_a_rejected_rho_report_can_be_corrected_within_its_round(tmp_path):
             await raw.close()
 
     run(scenario())
+
+
+def test_the_arbiter_command_removes_an_app_and_its_agent_stops_with_the_reason(tmp_path, capsys):
+    import json
+
+    from arbiter.cli import main
+
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=60.0) as server:
+            a, task = await start_agent(server, "gone", halving_app(jobs=2))
+            await wait_for(lambda: len(a.held) == 2)
+            code = await asyncio.to_thread(main, ["remove-app", "gone", "--arbiter", target(server),
+                                                  "--admin-token", ADMIN])
+            assert code == 0
+            with pytest.raises(AgentStopped) as err:
+                await asyncio.wait_for(task, 10)
+            assert err.value.why == "removed"
+            code = await asyncio.to_thread(main, ["revoke-credential", "nobody", "--arbiter", target(server),
+                                                  "--admin-token", ADMIN])
+            assert code == 1
+
+    run(scenario())
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[0])["app"] == "gone" and "NOT_FOUND" in err
