@@ -275,6 +275,7 @@ class Launcher:
         self.starts: Counter[str] = Counter()  # job -> processes started
         self.history: list[JobExit] = []  # every run that ended, in order
         self.rejected = 0  # pipe lines that were not JSON objects
+        self.start_ups: list[tuple[str, float]] = []  # (job, launch to first report in s), for the runner to take
         self._runs: dict[str, Run] = {}  # live runs (running or stopping)
         _LAUNCHERS.add(self)
 
@@ -555,6 +556,8 @@ class Launcher:
             log.warning("%s/%s: ignoring a report that is not a JSON object (%s): %.80r", self.app, run.job_id,
                         exc, bytes(line))
             return
+        if run.reports == 0:
+            self.start_ups.append((run.job_id, self.clock() - run.started_at))
         run.reports += 1
         iteration = payload.get("iteration")
         if isinstance(iteration, (int, float)) and not isinstance(iteration, bool):

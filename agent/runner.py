@@ -56,12 +56,14 @@ from agent.executors import LaunchError
 from agent.fairness import finish_time_fairness
 from agent.launcher import JobExit, Launcher, string_command
 from agent.placement import Position, slowdown_of
+from agent.console import SearchProgress, show_progress_lines
 from agent.profiler import Profiler, parse_metrics
+from agent.run_record import PLOT, RunRecord, plot
 from agent.search_run import SearchRun
 
 if TYPE_CHECKING:
-    from arbiter.events import EventBus
     from agent.trial import TrialSpec
+    from arbiter.events import EventBus
     from hyperparam_adapters.base import TunerAdapter
 
 __all__ = ["AppRunner", "JobReport", "SearchFailed"]
@@ -133,6 +135,7 @@ class AppRunner:
         report_wait_s: float | None = None,
         rho_every_s: float = 1.0,
         quiet: bool = False,
+        record: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if launcher.report == "mqtt" and bus is None:
@@ -144,7 +147,15 @@ class AppRunner:
             raise ValueError(f"max_failed_runs must be >= 1 or None, got {max_failed_runs!r}")
         self.max_failed_runs = max_failed_runs
         self.rho_every_s = rho_every_s
-        self.quiet = quiet
+        self.quiet, self.record = quiet, record
+        self._record: RunRecord | None = None
+        self._bar: SearchProgress | None = None
+        self._params: dict[str, dict[str, Any]] = {}  # job -> its hyperparameters, from its last start
+        self._result_said: set[str] = set()  # jobs whose current run had its result said
+        self._results: dict[str, tuple[float, float]] = {}  # job -> (iteration, loss) of its latest result
+        self.lease_s: float | None = None  # the longest lease seen in a grant (what start-up is compared with)
+        self.start_ups: list[tuple[str, float]] = []  # (job, launch to first report in s)
+        self._warned_start_up = False
         self.grace_s = launcher.grace_s if grace_s is None else grace_s
         # a job that exits by itself is not restarted before its last report can have arrived
         self.report_wait_s = (2.0 if launcher.report == "mqtt" else 0.0) if report_wait_s is None else report_wait_s
@@ -185,6 +196,9 @@ class AppRunner:
         previous_grant, previous_revoke = client.on_grant, client.on_revoke
 
         def on_grant(got: dict[str, HeldGpu]) -> None:
+            left = max((h.expires_at - time.time() for h in got.values()), default=0.0)
+            if left > 0:
+                self.lease_s = max(self.lease_s or 0.0, left)
             self._note("grant", gpus=sorted(got))
             if previous_grant is not None:
                 previous_grant(got)
@@ -288,6 +302,13 @@ class AppRunner:
             self.adapter.start_time = self.clock()
         self.started_at = self.clock()
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.record:
+            self._record = RunRecord(self.launcher.run_dir)
+        if not self.quiet:
+            show_progress_lines()
+            total = getattr(self.adapter, "n_trials", None)
+            self._bar = SearchProgress(self.app, total if isinstance(total, int) else None)
+        log.info("%s: run %s in %s", self.app, self.launcher.run_id or "-", self.launcher.run_dir)
         # an earlier agent's jobs would hold GPUs the arbiter re-leases (waits for them to checkpoint)
         await asyncio.to_thread(self.launcher.cancel_leftovers)
         client_task = asyncio.create_task(self.client.run(), name=f"themis-agent-{self.app}")
@@ -316,7 +337,23 @@ class AppRunner:
                                last_iteration=exited.last_iteration)
             finally:
                 await self._close_agent(client_task, follow)
+                self._close_records()
         return self
+
+    def _close_records(self) -> None:
+        """The end of the run's record and its plot; the progress task leaves the display."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._record is None:
+            return
+        self._record.write(self.clock(), "done" if self._done else "stopped", best=self._best_text())
+        try:
+            out = plot(self._record.folder / PLOT, self.app, self.rho_now, self.held_history,
+                       self.started_at or self.clock(), self.clock())
+            log.info("%s: rho and GPUs over time in %s", self.app, out)
+        except Exception as exc:  # a record must never fail the search
+            log.warning("%s: could not draw %s: %s", self.app, PLOT, exc)
 
     async def _close_agent(self, client_task: asyncio.Task, follow: asyncio.Task | None) -> None:
         """Whatever happened to the jobs, the agent's stream, its tasks and its bus are closed."""
@@ -361,6 +398,7 @@ class AppRunner:
         for exited in polled.exited:
             self._on_exit(exited)
         self._check_failing()
+        self._take_start_ups()
         for job in to_stop:
             run = self.launcher.run_of(job)
             if run is None or not run.active:
@@ -422,6 +460,8 @@ class AppRunner:
                 self._fail(job, f"cannot start: {exc}")
                 continue
             self._launch_errors.pop(job, None)
+            self._params[job] = dict(spec.params)
+            self._result_said.discard(job)
             busy |= set(gpus)
             after = self._stopped_for.pop(job, None)
             if run.resumed:
@@ -504,12 +544,16 @@ class AppRunner:
         loss = m.loss if m.loss is not None else math.inf
         try:
             if self._observe_gpus:
-                return list(self.adapter.observe(job, m.iteration, loss, m.iter_time_s, gpus=m.gpus))  # type: ignore[call-arg]
-            return list(self.adapter.observe(job, m.iteration, loss, serial))
+                stops = list(self.adapter.observe(job, m.iteration, loss, m.iter_time_s, gpus=m.gpus))  # type: ignore[call-arg]
+            else:
+                stops = list(self.adapter.observe(job, m.iteration, loss, serial))
         except (KeyError, ValueError) as exc:
             self.rejected += 1
             log.warning("%s: the tuner refused a report of %s: %s", self.app, job, exc)
             return []
+        for j in stops:
+            self._trial_result(j, (m.iteration, loss, extra) if j == job else None)
+        return stops
 
     def _on_exit(self, exited: JobExit) -> None:
         job = exited.job_id
@@ -540,6 +584,10 @@ class AppRunner:
             return
         self.failed.add(job)
         self._note("give up", job=job, reason=why)
+        if self._record is not None:
+            self._record.write(self.clock(), "failed", job=job, reason=why)
+        self._results.setdefault(job, (self._progress.get(job, 0.0), math.inf))
+        self._update_bar()
         log.error("%s: giving up on job %s after %d failures", self.app, job, self.failures[job])
         try:
             if hasattr(self.adapter, "fail"):
@@ -571,6 +619,8 @@ class AppRunner:
             log.debug("%s: no rho now: %s", self.app, exc)
             return
         self.rho_now.append((self.clock(), float(rho)))
+        if self._record is not None:
+            self._record.write(self.clock(), "rho", rho=float(rho), gpus=len(positions))
 
     def _update_demand(self, demand: int) -> None:
         if demand != self._demand:
@@ -589,7 +639,79 @@ class AppRunner:
         self.events.append({"t": self.clock(), "what": what, **fields})
         if what in ("grant", "revoke", "release"):
             self.held_history.append((self.clock(), len(self.client.held)))
+            self._say_gpus(what, fields["gpus"], fields.get("reason"))
         self._wake.set()
+
+    # -- what the user sees (issue 11, item 2) -----------------------------------------------------
+
+    def rho_with_held(self) -> float | None:
+        """rho with the GPUs held now (Eq. 1 with the last round's N_avg and cluster size); None
+        before the first round asked or when it cannot be computed."""
+        if self._context is None:
+            return None
+        positions = [h.position for h in self.client.held.values()]
+        try:
+            return float(finish_time_fairness(self.adapter, positions, now=self.clock(), n_avg=self._context[0],
+                                              cluster_size=self._context[1],
+                                              left=self.client.agent.time_left(positions)))
+        except (ValueError, ZeroDivisionError):
+            return None
+
+    def _say_gpus(self, what: str, gpus: Sequence[str], reason: str | None) -> None:
+        held = sorted(self.client.held)
+        rho = self.rho_with_held()
+        words = {"grant": "granted", "revoke": "lost", "release": "released"}[what]
+        why = f" ({reason})" if reason else ""
+        log.info("%s: %s %s%s; holds %d GPU%s%s; rho %s", self.app, words, ",".join(gpus), why, len(held),
+                 "" if len(held) == 1 else "s", f" [{','.join(held)}]" if held else "",
+                 "-" if rho is None else ("inf" if math.isinf(rho) else f"{rho:.2f}"))
+        if self._record is not None:
+            self._record.write(self.clock(), what, gpus=list(gpus), held=held, reason=reason, rho=rho)
+
+    def _trial_result(self, job: str, report: tuple[float, float, Mapping[str, Any]] | None) -> None:
+        """The tuner stopped ``job`` (pruned, rung reached, done) on ``report`` (else on its last one):
+        one line, one record, once per run of the job (reports already in the pipe when the
+        stop was decided come after it and are not results)."""
+        if job in self._result_said:
+            return
+        if report is None:
+            last = next((r for r in reversed(self.reports) if r.job_id == job), None)
+            if last is None:
+                return
+            report = (last.iteration, last.loss if last.loss is not None else math.inf, last.extra)
+        self._result_said.add(job)
+        iteration, loss, extra = report
+        self._results[job] = (iteration, loss)
+        log.info("%s: %s result: loss %.4g at iteration %g; best so far %s", self.app, job, loss, iteration,
+                 self._best_text())
+        if self._record is not None:
+            self._record.write(self.clock(), "trial", job=job, iteration=iteration, loss=loss,
+                               params=self._params.get(job), **dict(extra))
+        self._update_bar()
+
+    def _best_text(self) -> str:
+        best = self.adapter.best()
+        return "-" if best is None else f"{best.job_id} loss {best.loss:.4g} at iteration {best.iteration:g}"
+
+    def _update_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.update(len(self._results), f"best {self._best_text()}")
+
+    def _take_start_ups(self) -> None:
+        """Item 5: a job whose start-up (launch to first report) is over a tenth of the lease loses
+        much of each lease to starting; warn once per app with what to change."""
+        taken, self.launcher.start_ups = self.launcher.start_ups, []
+        for job, seconds in taken:
+            self.start_ups.append((job, seconds))
+            if self._record is not None:
+                self._record.write(self.clock(), "start_up", job=job, seconds=round(seconds, 3))
+            if self.lease_s and seconds > self.lease_s / 10 and not self._warned_start_up:
+                self._warned_start_up = True
+                log.warning("%s: job %s took %.1f s from launch to its first report, more than a tenth of the "
+                            "%.0f s lease: a job that loses its GPUs pays this again on every restart. Use leases "
+                            "of at least %.0f s (themis-arbiter serve --lease), or report sooner after start "
+                            "(docs/agents.md, 'Choosing the lease')", self.app, job, seconds, self.lease_s,
+                            10 * seconds)
 
     def summary(self) -> dict[str, Any]:
         """What happened, as plain data: completion, best result (with the extras of its report),

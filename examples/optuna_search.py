@@ -22,7 +22,7 @@ the workdir, taking up its trials from their checkpoints; without it, a new run 
 workdir and new trials never touch an older run's checkpoints (issue 11).
 
 Without ``--arbiter`` the script starts an arbiter of its own on a free loopback port (a 4-"GPU"
-cluster, 10 s leases), so it runs anywhere. It prints a line per grant, revocation and trial result
+cluster, 30 s leases: docs/agents.md, "Choosing the lease"), so it runs anywhere. It prints a line per grant, revocation and trial result
 (``AppRunner``), then the best trial. ``--json PATH`` writes the runner's summary.
 """
 
@@ -61,13 +61,13 @@ THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS
 @dataclass(frozen=True)
 class Budget:
     n_trials: int
-    max_resource: int  # epochs of a trial that is never pruned
+    max_resource: int  # iterations (of 50 epochs) of a trial that is never pruned
     parallel: int
     lease_s: float
     timeout_s: float
 
 
-BUDGETS = {"default": Budget(24, 27, 4, 10.0, 600.0), "test": Budget(8, 9, 4, 6.0, 240.0)}
+BUDGETS = {"default": Budget(24, 27, 4, 30.0, 600.0), "test": Budget(8, 9, 4, 6.0, 240.0)}
 
 
 def suggest(trial: optuna.Trial) -> None:
@@ -108,7 +108,7 @@ async def search(args: argparse.Namespace, arbiter: str, token: str | None, clus
     workdir.mkdir(parents=True, exist_ok=True)
     study = make_study(f"sqlite:///{workdir / 'study.db'}", args.seed, budget.max_resource)
     adapter = OptunaAdapter(study, n_trials=budget.n_trials, parallel=budget.parallel, suggest=suggest,
-                            iter_time_serial=0.01, start_time=time.time())
+                            iter_time_serial=0.05, start_time=time.time())
     runner = await AppRunner.create(adapter, [sys.executable, str(TRAIN)], app=APP, arbiter=arbiter, token=token,
                                     credential_file=args.credential_file, cluster=cluster, workdir=str(workdir),
                                     grace_s=5.0, env=THREADS, resume=args.resume, quiet=args.quiet)
@@ -119,7 +119,7 @@ async def search(args: argparse.Namespace, arbiter: str, token: str | None, clus
     best = summary["best"]
     if best is not None:
         print(f"best: {best['job']} {json.dumps(best['params'])}: validation loss {best['loss']:.4f}, "
-              f"accuracy {best.get('accuracy', float('nan')):.3f} after {best['iteration']:g} epochs; "
+              f"accuracy {best.get('accuracy', float('nan')):.3f} after {best['iteration']:g} iterations; "
               f"trials {summary['trials']}; {summary['completion_s']} s; records in {runner.launcher.run_dir}")
     return summary
 

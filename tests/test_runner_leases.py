@@ -114,3 +114,66 @@ def test_a_job_leaving_at_its_target_is_hurried_when_its_gpus_are_revoked(tmp_pa
         assert launcher.run_of(job).signalled  # its GPUs are gone: SIGTERM now, not after a grace
     finally:
         asyncio.run(launcher.shutdown(1))
+
+
+SLOW_START = textwrap.dedent("""
+    import time
+    from agent.job import Job
+    job = Job.from_env()
+    time.sleep(0.6)  # imports, data loading, a model built: before the first report
+    state = job.resume() or {"it": 0}
+    it = state["it"]
+    while True:
+        time.sleep(0.05)
+        it += 1
+        if job.step(it, 1.0 / it):
+            break
+    job.save({"it": it})
+""")
+
+
+def slow_runner(tmp_path, adapter):
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_START)
+    client = ScriptedClient(adapter)
+    launcher = Launcher("a", [sys.executable, str(script)], tmp_path / "w", grace_s=5.0,
+                        env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[1])})
+    return AppRunner(adapter, client, launcher, quiet=True), client, launcher
+
+
+def run_until_reports(runner, launcher, jobs: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len({r.job_id for r in runner.reports}) < jobs:
+        assert time.monotonic() < deadline, "no reports"
+        runner.step()
+        time.sleep(0.05)
+
+
+def test_start_up_longer_than_a_tenth_of_the_lease_is_warned_once(tmp_path, caplog):
+    """Issue 11, item 5: with 6 s leases 45% of launches were stopped during Python start-up, silently."""
+    adapter = BracketTuner({"lr": [0.1, 0.2]}, [[Rung(2, 1000)]], iter_time=0.05)
+    runner, client, launcher = slow_runner(tmp_path, adapter)
+    client.welcomed.set()
+    client.grant(["r0-m0-g0", "r0-m0-g1"], expires_at=time.time() + 3.0)  # a 3 s lease: start-up > 0.3 s warns
+    try:
+        with caplog.at_level("WARNING", logger="themis.runner"):
+            run_until_reports(runner, launcher, jobs=2)
+    finally:
+        asyncio.run(launcher.shutdown(1))
+    assert len(runner.start_ups) == 2 and all(s >= 0.6 for _, s in runner.start_ups)
+    warnings = [r.getMessage() for r in caplog.records if "from launch to its first report" in r.getMessage()]
+    assert len(warnings) == 1 and "more than a tenth of the 3 s lease" in warnings[0]  # once per app
+    assert "Use leases of at least" in warnings[0]
+
+
+def test_start_up_well_within_the_lease_is_not_warned(tmp_path, caplog):
+    adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 1000)]], iter_time=0.05)
+    runner, client, launcher = slow_runner(tmp_path, adapter)
+    client.welcomed.set()
+    client.grant(["r0-m0-g0"], expires_at=time.time() + 600)
+    try:
+        with caplog.at_level("WARNING", logger="themis.runner"):
+            run_until_reports(runner, launcher, jobs=1)
+    finally:
+        asyncio.run(launcher.shutdown(1))
+    assert runner.start_ups and not [r for r in caplog.records if "first report" in r.getMessage()]
