@@ -813,7 +813,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     async def IssueToken(self, request: pb.IssueTokenRequest, context) -> pb.IssueTokenReply:
         await self._need_admin(context)
         await self._need_app_name(request.app, context)
-        if not self._known(request.app) and self.store.app_count() + len(self.engine.apps) >= MAX_APPS:
+        if not self._known(request.app) and len(self.store.token_apps() | set(self.engine.apps)) >= MAX_APPS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the arbiter knows {MAX_APPS} apps already (the limit); remove one first")
         if self.store.open_tokens(request.app) >= MAX_OPEN_TOKENS:

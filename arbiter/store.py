@@ -205,9 +205,9 @@ class Store:
         """Whether ``app`` holds a credential or an unused registration token."""
         return self.db.execute("SELECT 1 FROM tokens WHERE app = ? LIMIT 1", (app,)).fetchone() is not None
 
-    def app_count(self) -> int:
-        """Apps with a credential or token (those the engine runs are counted by the caller)."""
-        return self.db.execute("SELECT COUNT(DISTINCT app) FROM tokens").fetchone()[0]
+    def token_apps(self) -> set[str]:
+        """Apps with a credential or an unused registration token."""
+        return {app for (app,) in self.db.execute("SELECT DISTINCT app FROM tokens")}
 
     def open_tokens(self, app: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM tokens WHERE app = ? AND kind = 'registration'",
