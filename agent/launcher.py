@@ -23,7 +23,8 @@ report *before* its exit, and a runner never mistakes a job that reached its run
 vanished. A job whose launcher died gets EPIPE and stops (``agent.job``). With a bus the launcher
 also republishes every report on the job's metrics topic (so dashboards and remote profilers see
 them), but the scheduling path never depends on the broker. A job's stdout and stderr go to
-``<workdir>/<job>/output.log`` (appended across restarts): a chatty job cannot block on a full pipe.
+``<job folder>/output.log`` (appended across restarts; the job folder is ``<workdir>/<run>/<job>``,
+see :attr:`Launcher.run_dir`): a chatty job cannot block on a full pipe.
 
 Where jobs run is the executor's business (:mod:`agent.executors`; issue 6): ``local``
 subprocesses, as described below, by default; Slurm jobs or Ray supervisors otherwise, with the

@@ -142,7 +142,8 @@ def test_the_example_runs_unchanged_on_a_local_slurm_from_its_one_command(tmp_pa
         assert app["finished"] and app["best"]["accuracy"] > 0.8 and not app["failed_jobs"], name
     assert [r for a in apps.values() for r in a["resumes"]]  # jobs came back from their checkpoints
     # Slurm's record: every job ran where its start line in the job log says the lease put it
-    headers = [line for log in work.glob("*/*/*/output.log")  # <app>/<run>/<job> for line in log.read_text().splitlines()
+    # <workdir>/<app>/<run>/<job>/output.log
+    headers = [line for log in work.glob("*/*/*/output.log") for line in log.read_text().splitlines()
                if line.startswith("--- start")]
     assert headers and all("(slurm n" in h for h in headers)
     record = done.stdout.split("Slurm's own record of the run", 1)[1]
@@ -155,15 +156,22 @@ def test_the_optuna_example_runs_end_to_end_and_a_rerun_starts_a_new_run(tmp_pat
     (``examples/train_breast_cancer.py``); run twice in one workdir, the second run's trials are new
     trials of the same study, each started from scratch."""
     work = tmp_path / "work"
-    runs = []
-    for n in (1, 2):
+    runs, printed = [], []
+    for n, quiet in ((1, []), (2, ["--quiet"])):
         out = tmp_path / f"summary-{n}.json"
         done = subprocess.run([sys.executable, str(ROOT / "examples" / "optuna_search.py"), "--budget", "test",
-                               "--workdir", str(work), "--json", str(out)],
+                               "--workdir", str(work), "--json", str(out), *quiet],
                               cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "best: trial-" in done.stdout
         runs.append(json.loads(out.read_text()))
+        printed.append(" ".join(done.stderr.split()))  # rich wraps lines to the terminal's width
+    # observable by default (item 2): a line per grant and per trial result, with GPU ids and rho, and
+    # the progress bar; --quiet prints none of it
+    loud, quiet_run = printed
+    assert "optuna-sgd: granted r0-m" in loud and "; rho " in loud and "holds " in loud
+    assert "result: loss" in loud and "best so far trial-" in loud and "8/8 trials" in loud
+    assert "granted" not in quiet_run and "result: loss" not in quiet_run
     first, second = runs
     assert first["finished"] and not first["failed_jobs"]
     assert set(first["best"]["params"]) == {"alpha", "eta0", "learning_rate"}
@@ -175,3 +183,13 @@ def test_the_optuna_example_runs_end_to_end_and_a_rerun_starts_a_new_run(tmp_pat
     second_jobs = {p.name for p in max(run_dirs, key=lambda p: p.name).iterdir() if p.is_dir()}
     assert second_jobs == {f"trial-{k}" for k in range(8, 16)}
     assert second["resumed_runs"] == second["resumed_after_preemption"]  # no trial resumed another's checkpoint
+    # each run's record: JSONL written as it went, and the plot
+    first_dir = min(run_dirs, key=lambda p: p.name)
+    records = [json.loads(line) for line in (first_dir / "record.jsonl").read_text().splitlines()]
+    kinds = {r["what"] for r in records}
+    assert {"grant", "rho", "trial", "start_up", "done"} <= kinds
+    trials = [r for r in records if r["what"] == "trial"]
+    assert {r["job"] for r in trials} == {f"trial-{k}" for k in range(8)}
+    assert all(set(r["params"]) == {"alpha", "eta0", "learning_rate"} and r["loss"] > 0 for r in trials)
+    assert all(r["rho"] is None or r["rho"] > 0 for r in records if r["what"] == "rho")
+    assert (first_dir / "rho_gpus.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
