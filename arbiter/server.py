@@ -138,6 +138,8 @@ class ArbiterServer:
             self._metrics_http = metrics.serve(config.metrics_port, config.host)
         self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats()),
                        asyncio.create_task(self._watch_health(health_servicer))]
+        if config.mqtt:
+            self._tasks.append(asyncio.create_task(service.sweep_retained()))
         log.info("serving", extra={"fields": {"address": f"{config.host}:{self.port}", "cluster": cluster.name,
                                               "gpus": cluster.size, "db": str(config.db),
                                               "mqtt": config.mqtt or "in-memory", **asdict(settings)}})

@@ -301,6 +301,41 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         for app in self.engine.apps:
             self._publish_app_leases(app)
 
+    async def sweep_retained(self, window_s: float = 2.0) -> list[str]:
+        """Clear retained topics the journal does not know (issue 12): an app's leases and rho
+        from an app that is gone, a GPU's lease on a GPU the cluster no longer has -- left on the
+        broker by an earlier arbiter (another journal, a lost journal). Reads what the broker
+        retains for ``window_s`` s after subscribing; returns the topics cleared."""
+        prefix = f"themis/{self.cluster}/"
+        stale: list[str] = []
+        try:
+            async with self.bus.subscribe(prefix + "#") as sub:
+                deadline = asyncio.get_running_loop().time() + window_s
+                while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                    try:
+                        event = await sub.get(timeout=left)
+                    except TimeoutError:
+                        break
+                    if event is None:
+                        break
+                    if not event.retained or event.payload is None:
+                        continue
+                    levels = event.topic[len(prefix):].split("/")
+                    if len(levels) == 3 and levels[0] == "apps" and levels[2] in ("leases", "rho") \
+                            and levels[1] not in self.engine.apps:
+                        stale.append(event.topic)
+                    elif len(levels) == 3 and levels[0] == "gpus" and levels[2] == "lease" \
+                            and levels[1] not in self.engine.cluster.gpus:
+                        stale.append(event.topic)
+        except Exception:  # the broker is never on the scheduling path; try again at the next start
+            log.warning("could not read the broker's retained state", exc_info=True)
+            return []
+        for topic in stale:
+            self.bus.publish(topic, None, retain=True)
+        if stale:
+            log.info("cleared stale retained topics", extra={"fields": {"topics": len(stale)}})
+        return stale
+
     async def run_rounds(self) -> None:
         """D10 on the wall clock: sleep until a round may be due or something changed."""
         while not self._stopping.is_set():
@@ -786,6 +821,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         for gpu in sorted(freed):
             self._publish_gpu(gpu)
         self._publish_app_leases(app)
+        self.bus.publish(app_rho_topic(self.cluster, app), None, retain=True)  # gone: no rho to show
         self.metrics.forget_app(app)
         self.kick()
 

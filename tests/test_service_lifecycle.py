@@ -29,6 +29,7 @@ from tests.service_kit import (
     target,
     wait_for,
 )
+from tests.test_service_faults import mosquitto  # noqa: F401 - the broker fixture
 
 META = [("authorization", f"Bearer {ADMIN}")]
 
@@ -522,3 +523,31 @@ def test_the_arbiter_command_removes_an_app_and_its_agent_stops_with_the_reason(
     run(scenario())
     out, err = capsys.readouterr()
     assert json.loads(out.splitlines()[0])["app"] == "gone" and "NOT_FOUND" in err
+
+
+def test_retained_topics_the_journal_does_not_know_are_cleared_at_start(tmp_path, mosquitto):
+    import json
+
+    import aiomqtt
+
+    from tests.test_service_faults import Watch
+
+    stale = ["themis/test-8/apps/ghost/leases", "themis/test-8/apps/ghost/rho", "themis/test-8/gpus/r7-m0-g0/lease"]
+
+    async def scenario():
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="old-arbiter") as old:
+            for topic in stale:  # what an earlier arbiter with another journal left behind
+                await old.publish(topic, json.dumps({"app": "ghost"}), qos=1, retain=True)
+        watch = Watch(mosquitto.port, "themis/test-8/#")
+        await asyncio.wait_for(watch.ready.wait(), 10)
+        await wait_for(lambda: all(watch.on(t) for t in stale), 10)
+        async with arbiter(tmp_path, mqtt=f"mqtt://127.0.0.1:{mosquitto.port}") as server:
+            a, task = await start_agent(server, "a", halving_app(jobs=2))
+            await wait_for(lambda: all(None in watch.on(t) for t in stale), 20)
+            await wait_for(lambda: len(a.held) == 2)
+            assert None not in watch.on("themis/test-8/apps/a/leases")
+            a.stop()
+            await task
+        watch.task.cancel()
+
+    run(scenario())
