@@ -2,8 +2,8 @@
 
 A new user's four-minute search printed nothing: the runner logged through ``logging`` and nobody
 had set logging up. :func:`show_progress_lines` gives the ``themis`` loggers a ``rich`` handler on
-stderr (the runner's lines at INFO, everything else from WARNING), but only when the program has configured no logging of its own (the root logger has
-no handlers), so an application's own set-up is never overridden. :class:`SearchProgress` is one
+stderr (the runner's lines at INFO, everything else from WARNING), but only when the program
+has configured no logging of its own (the root logger has no handlers), so an application's own set-up is never overridden. :class:`SearchProgress` is one
 ``rich`` progress display shared by every runner of the process (rich allows one live display at a
 time): per app, trials done and the best loss so far.
 

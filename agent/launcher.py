@@ -8,7 +8,8 @@
   ``THEMIS_PLACEMENT`` (JSON ``[[rack, machine, slot], ...]``, what metrics carry),
   ``THEMIS_DEMAND``, ``THEMIS_CHECKPOINT`` (``<workdir>/<run>/<job>/checkpoint.pkl``: the same path
   on every start of the job in this run of the search, which is how a restarted job resumes; see
-  ``agent.search_run``), ``THEMIS_RUN`` (the run id, which ``agent.job`` writes into checkpoints), ``THEMIS_METRICS_TOPIC``
+  ``agent.search_run``), ``THEMIS_RUN`` (the run id, which ``agent.job`` writes into checkpoints),
+  ``THEMIS_METRICS_TOPIC``
   (``themis/<cluster>/apps/<app>/jobs/<job>/metrics``), ``THEMIS_PARAMS`` (the trial's
   hyperparameters, JSON), ``THEMIS_START_ITERATION`` / ``THEMIS_TARGET_ITERATION`` (where the tuner
   thinks the job resumes and where it should stop), ``THEMIS_LAUNCHER_PID``;
@@ -68,8 +69,8 @@ from agent.executors.base import Executor, Handle, JobCommand, Status, make_exec
 from agent.placement import Position
 
 if TYPE_CHECKING:
-    from arbiter.events import EventBus
     from agent.trial import TrialSpec
+    from arbiter.events import EventBus
 
 __all__ = ["JobExit", "Launcher", "Polled", "Run", "gpu_index"]
 

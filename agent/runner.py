@@ -26,7 +26,8 @@ from its checkpoint up to ``max_failures`` times, then given up: ``adapter.fail(
 adapter has it (Optuna), else it is reported at its target iteration with an infinite loss, so a
 rung never waits for it. When ``max_failed_runs`` runs in a row fail and no job reports in between
 (a script that crashes on start, a checkpoint refused), the search stops with :class:`SearchFailed`,
-which carries the first failure's log tail (issue 11: fail fast, with the reason). A launch the executor could not make (``LaunchError``: sbatch refused, the
+which carries the first failure's log tail (issue 11: fail fast, with the reason). A launch the
+executor could not make (``LaunchError``: sbatch refused, the
 controller is down) is not the job's failure: it is tried again with a growing pause (up to 30 s).
 
 The runner records what a summary needs: the rho the agent reported in each round it was asked
@@ -52,11 +53,11 @@ from typing import TYPE_CHECKING, Any
 
 from agent.agent import Agent
 from agent.client import AgentClient, HeldGpu, issue_token, register
+from agent.console import SearchProgress, show_progress_lines
 from agent.executors import LaunchError
 from agent.fairness import finish_time_fairness
 from agent.launcher import JobExit, Launcher, string_command
 from agent.placement import Position, slowdown_of
-from agent.console import SearchProgress, show_progress_lines
 from agent.profiler import Profiler, parse_metrics
 from agent.run_record import PLOT, RunRecord, plot
 from agent.search_run import SearchRun
@@ -578,7 +579,8 @@ class AppRunner:
 
     def _fail(self, job: str, why: str) -> None:
         self.failures[job] += 1
-        self._failed_streak.append((job, why, _log_tail(self.launcher.log_path(job)) if not self._failed_streak else ""))
+        tail = _log_tail(self.launcher.log_path(job)) if not self._failed_streak else ""  # only the first's is shown
+        self._failed_streak.append((job, why, tail))
         if self.failures[job] < self.max_failures:
             self._hold[job] = time.monotonic() + 0.5 * self.failures[job]
             return
@@ -726,6 +728,8 @@ class AppRunner:
         history = self.launcher.history
         return {
             "app": self.app,
+            "run": self.launcher.run_id,
+            "run_dir": str(self.launcher.run_dir),
             "finished": self._done,
             "completion_s": None if self.finished_at is None else round(self.finished_at - start, 2),
             "best": best_out,

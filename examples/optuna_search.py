@@ -22,8 +22,8 @@ the workdir, taking up its trials from their checkpoints; without it, a new run 
 workdir and new trials never touch an older run's checkpoints (issue 11).
 
 Without ``--arbiter`` the script starts an arbiter of its own on a free loopback port (a 4-"GPU"
-cluster, 30 s leases: docs/agents.md, "Choosing the lease"), so it runs anywhere. It prints a line per grant, revocation and trial result
-(``AppRunner``), then the best trial. ``--json PATH`` writes the runner's summary.
+cluster, 30 s leases: docs/agents.md, "Choosing the lease"), so it runs anywhere. It prints a line
+per grant, revocation and trial result (``AppRunner``), then the best trial. ``--json PATH`` writes the runner's summary.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ async def search(args: argparse.Namespace, arbiter: str, token: str | None, clus
     summary["trials"] = {s: states.count(s) for s in sorted(set(states))}
     best = summary["best"]
     if best is not None:
-        print(f"best: {best['job']} {json.dumps(best['params'])}: validation loss {best['loss']:.4f}, "
-              f"accuracy {best.get('accuracy', float('nan')):.3f} after {best['iteration']:g} iterations; "
+        accuracy = f", accuracy {best['accuracy']:.3f}" if "accuracy" in best else ""  # an earlier run's: not here
+        print(f"best: {best['job']} {json.dumps(best['params'])}: validation loss {best['loss']:.4f}{accuracy} "
+              f"after {best['iteration']:g} iterations; "
               f"trials {summary['trials']}; {summary['completion_s']} s; records in {runner.launcher.run_dir}")
     return summary
 

@@ -12,8 +12,9 @@ each trial is a process of its own on the GPUs the app leased, so the objective 
 * ``job.resume()`` / ``job.save()`` are new: a trial stopped because its lease went elsewhere goes on
   from its checkpoint on its next grant.
 
-The model: scikit-learn's ``SGDClassifier`` (logistic regression; an
-iteration is ``EPOCHS`` ``partial_fit`` epochs) on the breast-cancer data shipped with scikit-learn (569 samples; nothing is downloaded).
+The model: scikit-learn's ``SGDClassifier`` (logistic regression; an iteration is ``EPOCHS``
+``partial_fit`` epochs) on the breast-cancer data shipped with scikit-learn (569 samples; nothing is
+downloaded).
 
 By hand: ``python examples/train_breast_cancer.py --params '{"alpha": 1e-4, "eta0": 0.01}' --iterations 5``.
 """

@@ -72,7 +72,8 @@ def test_a_search_whose_jobs_report_is_not_stopped_by_a_few_failures(tmp_path):
 
 
 def test_a_command_given_as_a_string_is_refused_at_once(tmp_path):
-    with pytest.raises(TypeError, match=r"list of arguments, not the string 'python train.py'.*\['python', 'train.py'\]"):
+    refused = r"list of arguments, not the string 'python train.py'.*\['python', 'train.py'\]"
+    with pytest.raises(TypeError, match=refused):
         Launcher("a", "python train.py", tmp_path)
     launcher = Launcher("a", lambda spec: f"python train.py --lr {spec.params['lr']}", tmp_path)
     with pytest.raises(TypeError, match="list of arguments"):
