@@ -551,3 +551,29 @@ def test_retained_topics_the_journal_does_not_know_are_cleared_at_start(tmp_path
         watch.task.cancel()
 
     run(scenario())
+
+
+def test_gpus_the_new_welcome_does_not_list_are_reported_lost_so_their_jobs_stop(tmp_path):
+    from arbiter.service import StreamEnd
+
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=1.0) as server:
+            a = AgentClient(Agent(halving_app(jobs=2)), "a", target(server), await credential(server, "a"),
+                            backoff_s=(10.0, 10.0))  # stays away long enough for its leases to run out
+            lost: list[tuple[list[str], str]] = []
+            a.on_revoke = lambda gpus, reason: lost.append((sorted(gpus), reason))
+            task = asyncio.create_task(a.run())
+            await wait_for(lambda: len(a.held) == 2)
+            b, tb = await start_agent(server, "b", halving_app(jobs=8))
+            server.service.conns["a"].end(StreamEnd("too_slow", "the test says so"))  # a reconnectable end
+            await wait_for(lambda: not a.welcomed.is_set())
+            held = sorted(a.held)
+            await wait_for(lambda: not any(x.app == "a" for x in server.service.engine.leases), 8)
+            await wait_for(lambda: a.connects >= 2 and a.welcomed.is_set(), 20)
+            gone = [g for gpus, why in lost if why == "not held after reconnecting" for g in gpus]
+            assert set(held) <= set(gone) and not set(held) & set(a.held)
+            for c, t in ((a, task), (b, tb)):
+                c.stop()
+                await t
+
+    run(scenario())
