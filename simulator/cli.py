@@ -8,7 +8,8 @@
 Every run writes ``summary.json``; compare and the experiments also write PNG plots. Every command
 takes ``--plugin FILE_OR_MODULE`` (repeatable) to add policies, workloads or strategies from
 outside the repository (``simulator.plugins``), and run/compare/strategic take
-``--workload-knob NAME=VALUE`` (repeatable; VALUE is JSON, else a string) for the workload's knobs.
+``--workload-knob NAME=VALUE`` (repeatable; VALUE is JSON, else a string) for the workload's knobs;
+``--profiles FILE`` adds models to the slowdown table (``agent.placement.use_profiles``).
 """
 
 from __future__ import annotations
@@ -123,6 +124,26 @@ def _add_plugin(p: argparse.ArgumentParser) -> None:
                    help="a .py file or module that registers policies, workloads or strategies (repeatable)")
 
 
+def _add_profiles(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profiles", action="append", default=[], metavar="FILE",
+                   help="a slowdown table (agent/profiles/slowdowns.toml's format) whose models are added "
+                        "for this run; repeatable, later files win only where they say override = true")
+
+
+def _use_profiles(args: argparse.Namespace) -> None:
+    """``--profiles``: checked before anything runs; worker processes inherit them (THEMIS_PROFILES)."""
+    from agent.placement import ProfileError, override_notes, use_profiles
+
+    if not getattr(args, "profiles", None):
+        return
+    try:
+        table = use_profiles(*args.profiles)
+    except ProfileError as exc:
+        raise SystemExit(f"themis-sim: {exc}") from exc
+    for note in override_notes(table):
+        console.print(f"[yellow]{note}[/]")
+
+
 def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--cluster", default="sim-256", help="testbed-64, sim-256 or a cluster TOML file")
     p.add_argument("--workload", default="small",
@@ -142,6 +163,7 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="output folder")
     _add_plugin(p)
+    _add_profiles(p)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -256,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
     _add_plugin(p)
+    _add_profiles(p)
     p.set_defaults(func=cmd_experiment)
     p = sub.add_parser("strategic", help="one or more lying apps among truthful ones (paper Fig. 15)")
     _add_common(p)
@@ -267,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
+    _use_profiles(args)
     try:
         return args.func(args)
     except (ClusterFileError, ValueError) as exc:

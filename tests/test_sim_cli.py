@@ -135,3 +135,25 @@ def test_compare_table_marks_the_best_value_of_each_column():
     assert "0.900*" in lines["a"] and "0.500*" not in lines["b"]
     assert lines["a"].count("2*") == 1 and lines["b"].count("2*") == 1  # a tie marks both (GPU h 2)
     assert "9*" not in lines["c"]
+
+
+def test_profiles_flag_adds_a_model_for_the_run_and_bad_tables_stop_it(tmp_path, monkeypatch):
+    """issue 13 item 6: a trace naming a model of the user's own table runs with --profiles (over
+    seeds in worker processes too) and is refused, naming the flag, without it."""
+    from simulator.plugins import ENV
+
+    monkeypatch.setenv("THEMIS_PROFILES", "")  # restored after the test, whatever the run records
+    monkeypatch.setenv(ENV, "")
+    trace = tmp_path / "new_model.csv"
+    trace.write_text("app,job,arrival_s,gpus,iterations,iter_time_s,model\n"
+                     "a,j0,0,2,400,0.5,bert-large\nb,j0,30,2,400,0.5,mobilenet-v2\n")
+    table = ROOT / "examples" / "profiles_example.toml"
+    assert main(["run", "--cluster", "testbed-64", "--workload", str(trace), "--out", str(tmp_path / "no")]) == 2
+    assert main(["compare", "--profiles", str(table), "--cluster", "testbed-64", "--workload", str(trace),
+                 "--policies", "themis,tiresias", "--seeds", "2", "--workers", "2", "--out", str(tmp_path / "yes")]) == 0
+    summary = json.loads((tmp_path / "yes" / "themis" / "seed1" / "summary.json").read_text())
+    assert {a["app"] for a in summary["apps"]} == {"a", "b"}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[models.x]\ncategory = 'other'\nslowdown = [1.0, 1.0]\n")
+    with pytest.raises(SystemExit, match="bad.toml"):
+        main(["run", "--profiles", str(bad), "--workload", str(trace), "--out", str(tmp_path / "bad")])

@@ -286,7 +286,9 @@ def select_apps(options: PhillyOptions, rng: random.Random) -> Selection:
 
 @functools.cache
 def shipped_profiles() -> Mapping[str, ModelProfile]:
-    return load_profiles()
+    """The shipped table alone: a named workload and seed draw the same models whatever tables a
+    user adds with ``--profiles`` (those reach the engine and traces, not the generators)."""
+    return load_profiles(user=False)
 
 
 def models_by_category(profiles: Mapping[str, ModelProfile]) -> dict[str, tuple[str, ...]]:
