@@ -9,6 +9,7 @@ come back in submission order, so the aggregate does not depend on which process
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,7 +66,12 @@ def aggregate(summaries: Sequence[Mapping[str, Any]], keys: Iterable[str] = METR
 def run_parallel(fn: Callable[..., T], jobs: Sequence[Mapping[str, Any]], *, workers: int | None = None,
                  progress: Callable[[int], None] | None = None) -> list[T]:
     """``fn(**job)`` for every job, in a pool of ``workers`` processes (default: the machine's
-    cores, at most the number of jobs); results in the order of ``jobs``."""
+    cores, at most the number of jobs); results in the order of ``jobs``.
+
+    The workers are spawned, not forked: a fork copies whatever threads and native state the
+    parent holds (gRPC channels, solver and BLAS pools in a test run or a service), and one such
+    child crashed in the garbage collector and another spun for 15 minutes. A spawned worker starts
+    clean and learns user additions from the environment (``THEMIS_PLUGINS``, ``THEMIS_PROFILES``)."""
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     if workers == 1:
         out = []
@@ -74,7 +80,7 @@ def run_parallel(fn: Callable[..., T], jobs: Sequence[Mapping[str, Any]], *, wor
             if progress:
                 progress(len(out))
         return out
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(fn, **job) for job in jobs]
         out = []
         for future in futures:
