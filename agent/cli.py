@@ -21,6 +21,7 @@ import json
 import math
 import sys
 
+from agent.agent import Agent
 from agent.app_config import AppConfigError, load_app
 from agent.fairness import finish_time_fairness
 from agent.placement import Position
@@ -73,6 +74,44 @@ def rho_table(args: argparse.Namespace) -> int:
     return 0
 
 
+class _TellingAgent(Agent):
+    """An agent that keeps the round's N_avg and cluster size, so its lines can say the rho the app
+    has on what it holds (issue 11 item 2)."""
+
+    context: tuple[float, int] | None = None
+
+    def report(self, request):
+        self.context = (request.n_avg, request.cluster_size)
+        return super().report(request)
+
+
+def _print_lease_events(client, agent: _TellingAgent) -> None:
+    """One line per grant and revocation with the GPU ids and the app's rho on what it then holds
+    (issue 11 item 2: ``themis-agent run`` printed nothing but connection details)."""
+    import logging
+    import time
+
+    lines = logging.getLogger("themis.agent")
+
+    def rho_now() -> str:
+        if agent.context is None:
+            return "-"
+        positions = [h.position for h in client.held.values()]
+        rho = finish_time_fairness(agent.app, positions, now=time.time(), n_avg=agent.context[0],
+                                   cluster_size=agent.context[1])
+        return "inf" if math.isinf(rho) else f"{rho:.3f}"
+
+    def granted(got) -> None:
+        lines.info("%s: granted %s; holds %d GPUs, rho %s", client.app, ",".join(sorted(got)), len(client.held),
+                   rho_now())
+
+    def revoked(gpus, reason: str) -> None:
+        lines.info("%s: lost %s (%s); holds %d GPUs, rho %s", client.app, ",".join(sorted(gpus)), reason,
+                   len(client.held), rho_now())
+
+    client.on_grant, client.on_revoke = granted, revoked
+
+
 def run_agent(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -81,7 +120,6 @@ def run_agent(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from agent.agent import Agent
     from agent.client import AgentClient, register
     from agent.emulated import EmulatedJobs
 
@@ -110,7 +148,9 @@ def run_agent(args: argparse.Namespace) -> int:
             if cred_file:
                 cred_file.touch(mode=0o600)
                 cred_file.write_text(credential + "\n")
-        client = AgentClient(Agent(app, name=name), name, args.arbiter, credential, tls_ca=tls_ca)
+        agent = _TellingAgent(app, name=name)
+        client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca)
+        _print_lease_events(client, agent)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)
         runner = asyncio.create_task(client.run())
         working = asyncio.create_task(jobs.run())

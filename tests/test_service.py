@@ -315,6 +315,12 @@ def test_the_agent_command_registers_connects_and_finishes(tmp_path):
             assert proc.returncode == 0, err.decode()[-2000:]
             result = json.loads(out.decode().strip().splitlines()[-1])
             assert result["app"] == "tiny" and result["finished_after_s"] > 0
+            # issue 11 item 2: a line per grant, with the GPU ids and a finite rho on what it holds
+            grants = [line for line in err.decode().splitlines() if "tiny: granted" in line]
+            assert grants, err.decode()[-2000:]
+            gpus = {g for line in grants for g in line.split("granted ")[1].split(";")[0].split(",")}
+            assert gpus <= set(server.service.engine.cluster.gpus)
+            assert any(not line.endswith(("rho -", "rho inf")) for line in grants)
             assert (tmp_path / "cred").read_text().strip()
             assert "tiny" not in server.service.engine.apps  # Done: it left the rounds
             assert not any(x.app == "tiny" for x in server.service.engine.leases)
