@@ -97,8 +97,11 @@ def _print_lease_events(client, agent: _TellingAgent) -> None:
         if agent.context is None:
             return "-"
         positions = [h.position for h in client.held.values()]
-        rho = finish_time_fairness(agent.app, positions, now=time.time(), n_avg=agent.context[0],
-                                   cluster_size=agent.context[1])
+        try:
+            rho = finish_time_fairness(agent.app, positions, now=time.time(), n_avg=agent.context[0],
+                                       cluster_size=agent.context[1])
+        except (ValueError, ZeroDivisionError):  # a line must never stop the agent
+            return "-"
         return "inf" if math.isinf(rho) else f"{rho:.3f}"
 
     def granted(got) -> None:

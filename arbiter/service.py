@@ -434,8 +434,15 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             self._frozen = (tuple(self._leases()), self.engine.free_gpus())
             self._allocating = True
             self._allocated.clear()
+            allocation = asyncio.ensure_future(asyncio.to_thread(rnd.close))
             try:
-                result = await asyncio.to_thread(rnd.close)
+                result = await asyncio.shield(allocation)
+            except asyncio.CancelledError:
+                # Shutting down: the thread cannot be stopped, so wait for it before anything below
+                # touches the engine it is still changing; the round is then dropped unannounced.
+                with contextlib.suppress(BaseException):
+                    await allocation
+                raise
             finally:
                 self._allocating = False
                 self._frozen = None
@@ -484,27 +491,34 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         """Each reporting app's rho on what it holds after the round (issue 11, item 2): the rows of
         its bid are rho(held + S), so the best row whose S it was granted bounds it from above (and
         is exact when S is all it got); with no grant, rho_old is rho on what it kept. Infinity
-        only for an app that holds nothing."""
+        (``null`` on MQTT) only for an app that holds nothing. ``exact`` is False when the value is
+        only a bound or an estimate: a best row for a superset of what it won, or, for an app that
+        did not bid, its report from before the round changed what it holds."""
         got = {g.app: g.gpus for g in result.grants}
+        lost = {lease.app for lease in result.expired
+                if not any(lease.gpu in g.gpus and g.app == lease.app for g in result.grants)}
         for app, reported in result.rho.items():
             if app not in self.engine.apps:
                 continue
             held = self.engine.held(app)
             if not held:
                 self.last_rho[app] = math.inf
+                self.bus.publish(app_rho_topic(self.cluster, app), {"rho": None, "round_id": result.round_id,
+                                                                     "now": result.now, "gpus": []}, retain=True)
                 continue
             table = bids.get(app)
-            rho = math.inf
+            won = got.get(app, frozenset())
+            rho, exact = math.inf, True
             if table is not None:
-                won = got.get(app, frozenset())
-                rows = [r for gpus, r in table.rows if won and gpus <= won]
-                rho = min(rows) if rows else table.rho_old
+                rows = [(r, gpus == won) for gpus, r in table.rows if won and gpus <= won]
+                rho, exact = min(rows) if rows else (table.rho_old, not won)
             if not math.isfinite(rho):
                 rho = reported if math.isfinite(reported) else self.last_rho.get(app, math.inf)
+                exact = not won and app not in lost
             self.last_rho[app] = rho
             self.bus.publish(app_rho_topic(self.cluster, app), {"rho": _json_num(rho), "round_id": result.round_id,
-                                                                 "now": result.now, "gpus": sorted(held)},
-                             retain=True)
+                                                                 "now": result.now, "gpus": sorted(held),
+                                                                 "exact": exact}, retain=True)
 
     def _expect(self, round_id: int, app: str, kind: str) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -565,7 +579,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     def _reject(self, app: str, code: int, reason: str, what: str, round_id: int = 0) -> None:
         self.metrics.rejected.labels(what=what).inc()
-        self.metrics.app_rejections.labels(app=app).inc()
+        if app in self.engine.apps:  # a departed app's series stay dropped (bounded label sets)
+            self.metrics.app_rejections.labels(app=app).inc()
         log.info("rejected", extra={"fields": {"app": app, "what": what, "reason": reason}})
         self._send(app, pb.ArbiterMessage(rejection=pb.Rejection(code=code, reason=reason, what=what,
                                                                  round_id=round_id)))
@@ -598,11 +613,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         # comes meanwhile waits for it, then starts the app afresh (else it would be removed under
         # a live stream: the "ghost app" of issue 12).
         while self._allocating or any(a == app for a, _ in self._deferred):
-            waits = {asyncio.ensure_future(self._between_rounds.wait()), asyncio.ensure_future(self._allocated.wait())}
-            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in pending:
-                w.cancel()
-            await asyncio.sleep(0)
+            await (self._allocated if self._allocating else self._between_rounds).wait()
         if self.store.token_app(credential, "credential") != app:  # revoked while it waited
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this credential was revoked")
         now = self.clock()
@@ -661,7 +672,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     return
                 await context.abort(end.status, end.reason)
         finally:
-            for task in (reader, closed, get):
+            for task in (reader, closed, get, write):
                 if task is not None and not task.done():
                     task.cancel()
             if self.conns.get(app) is conn:
@@ -679,7 +690,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     self._reject(conn.app, INVALID, msg.reason, "message")
                     continue
                 try:
-                    self._dispatch(conn.app, msg)
+                    self._dispatch(conn.app, msg, conn)
                 except Exception as exc:  # one bad message must never take the arbiter down
                     log.exception("message from %s failed", conn.app)
                     self._reject(conn.app, INVALID, f"could not handle the message: {exc}", "message")
@@ -688,10 +699,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         except Exception as exc:  # whatever gRPC raised while reading: say why the stream ends
             conn.end(StreamEnd("invalid", f"could not read the stream: {type(exc).__name__}: {exc}"))
 
-    def _dispatch(self, app: str, msg: pb.AgentMessage) -> None:
+    def _dispatch(self, app: str, msg: pb.AgentMessage, conn: Connection | None = None) -> None:
         kind = msg.WhichOneof("kind")
         if self._allocating and kind in ("release", "demand", "done"):
-            self._held_back.append(lambda: self._dispatch(app, msg))  # applied when the allocation returns
+            def later() -> None:  # applied when the allocation returns, unless the stream ended meanwhile
+                if conn is None or conn.ending is None:
+                    self._dispatch(app, msg)
+
+            self._held_back.append(later)
             return
         if kind == "report":
             self._on_report(app, msg.report)
@@ -822,6 +837,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             self._publish_gpu(gpu)
         self._publish_app_leases(app)
         self.bus.publish(app_rho_topic(self.cluster, app), None, retain=True)  # gone: no rho to show
+        self.last_rho.pop(app, None)
         self.metrics.forget_app(app)
         self.kick()
 

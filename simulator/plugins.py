@@ -19,6 +19,7 @@ which the workers inherit and :func:`load_from_env` (called by every simulation)
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -49,7 +50,7 @@ def _import(spec: str) -> ModuleType:
         path = Path(spec).expanduser().resolve()
         if not path.is_file():
             raise PluginError(f"plugin {spec!r}: no such file")
-        name = f"themis_plugin_{path.stem}_{abs(hash(str(path))) % 10**8}"
+        name = f"themis_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"  # same in workers
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
             raise PluginError(f"plugin {spec!r}: cannot be imported as a Python file")
