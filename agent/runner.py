@@ -688,7 +688,7 @@ class AppRunner:
                  self._best_text())
         if self._record is not None:
             self._record.write(self.clock(), "trial", job=job, iteration=iteration, loss=loss,
-                               params=self._params.get(job), **dict(extra))
+                               params=self._params.get(job), extra=dict(extra) or None)
         self._update_bar()
 
     def _best_text(self) -> str:

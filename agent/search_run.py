@@ -56,6 +56,11 @@ class SearchRun:
                 raise ValueError(f"{record}: not a run record ({exc}); start without resume") from None
             if not (workdir / run_id).is_dir():
                 raise FileNotFoundError(f"cannot resume run {run_id}: its folder {workdir / run_id} is gone")
+            if not any((workdir / run_id).iterdir()):
+                # that run never started a job (it could not register or connect): the run to go on
+                # with is the latest one that did
+                started = sorted(p.name for p in workdir.glob("run-*") if p.is_dir() and any(p.iterdir()))
+                run_id = started[-1] if started else run_id
             return cls(run_id, workdir, True)
         workdir.mkdir(parents=True, exist_ok=True)
         run_id = time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(3)

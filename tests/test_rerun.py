@@ -126,3 +126,15 @@ def test_resume_needs_a_run_to_resume(tmp_path):
     first = SearchRun.begin(tmp_path)
     assert SearchRun.begin(tmp_path, resume=True).run_id == first.run_id
     assert SearchRun.begin(tmp_path).run_id != first.run_id
+
+
+def test_resume_skips_a_later_run_that_never_started_a_job(tmp_path):
+    """A run that failed before any job (bad token, arbiter down) must not hide the interrupted run
+    that ``resume`` should go on with."""
+    from agent.search_run import SearchRun
+
+    interrupted = SearchRun.begin(tmp_path)
+    (interrupted.folder / "trial-0").mkdir()
+    SearchRun.begin(tmp_path)  # recorded as the latest run, but it never started a job
+    resumed = SearchRun.begin(tmp_path, resume=True)
+    assert resumed.run_id == interrupted.run_id and resumed.resumed
