@@ -260,6 +260,8 @@ class AppRunner:
         if isinstance(argv, (str, bytes)):
             raise TypeError(string_command(argv))
         search = SearchRun.begin(workdir, resume=resume)
+        if hasattr(adapter, "run_id"):
+            adapter.run_id = search.run_id  # type: ignore[attr-defined]  (its trials carry it: resume)
         if resume and hasattr(adapter, "resume"):
             adapter.resume()  # type: ignore[attr-defined]
         path = Path(credential_file) if credential_file is not None else None

@@ -86,6 +86,7 @@ from hyperparam_adapters.base import Result, TunerAdapter
 __all__ = ["OptunaAdapter", "RungSchedule", "hyperband_bracket", "pruner_settings", "rung_schedule"]
 
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+RUN_ATTR = "themis_run"  # user attribute naming the search run a trial belongs to
 
 
 # ---------------------------------------------------------------------------------------------- pruner schedule
@@ -213,6 +214,7 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
                 f"the study's pruner must be a HyperbandPruner, SuccessiveHalvingPruner or MedianPruner, "
                 f"got {type(pruner).__name__}"
             )
+        self.run_id: str | None = None  # the search run (agent.search_run) that asks; AppRunner sets it
         self._settings: dict[str, Any] = {}
         if isinstance(pruner, (HyperbandPruner, SuccessiveHalvingPruner)):
             self._settings = pruner_settings(pruner)
@@ -303,6 +305,8 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         new = max(0, min(limit - len(self._running), self.n_trials - self._asked))
         for _ in range(new):
             trial = self.study.ask(self.search_space or None)
+            if self.run_id is not None:
+                trial.set_user_attr(RUN_ATTR, self.run_id)  # which search run owns it (resume)
             if self.suggest is not None:
                 self.suggest(trial)
             job = self.job_id(trial.number)
@@ -383,6 +387,8 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         (``test_a_resumed_study_takes_up_its_running_trials`` fails if Optuna renames it)."""
         taken: list[str] = []
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if self.run_id is not None and frozen.user_attrs.get(RUN_ATTR, self.run_id) != self.run_id:
+                continue  # another run's trial: its checkpoints are not this run's to resume
             job = self.job_id(frozen.number)
             if job in self._running or job in self._stopped:
                 continue

@@ -357,3 +357,25 @@ def test_a_resumed_study_takes_up_its_running_trials(tmp_path):
     # without resume, a rerun of the study asks new trials (new job ids: no checkpoint is shared)
     fresh = OptunaAdapter(load(), n_trials=1, max_resource=8, parallel=1, search_space=SPACE)
     assert [s.job_id for s in fresh.runnable()] == ["trial-3"]
+
+
+def test_resume_takes_up_only_the_resumed_runs_trials(tmp_path):
+    """A trial left RUNNING by another search run has its checkpoints in that run's folder: resuming
+    this run must not take it up (it would restart at 0 where the tuner expects its last step)."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def load():
+        return optuna.create_study(study_name="two-runs", storage=storage, load_if_exists=True,
+                                   sampler=optuna.samplers.RandomSampler(seed=0),
+                                   pruner=SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+
+    older = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=1, search_space=SPACE)
+    older.run_id = "run-a"
+    assert [s.job_id for s in older.runnable()] == ["trial-0"]
+    mine = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=1, search_space=SPACE)
+    mine.run_id = "run-b"
+    assert [s.job_id for s in mine.runnable()] == ["trial-1"]
+    mine.observe("trial-1", 1, 0.5)
+    again = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=1, search_space=SPACE)
+    again.run_id = "run-b"
+    assert again.resume() == ["trial-1"]
