@@ -104,9 +104,9 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     """Drain a machine: no new grants there; its leases run out (before maintenance, or when the
     cluster engine reports the node down)."""
-    from protos.rpc import channel
     from protos import themis_pb2 as pb
     from protos import themis_pb2_grpc as pb_grpc
+    from protos.rpc import channel
 
     async def drain():
         async with channel(args.arbiter) as ch:
@@ -146,9 +146,9 @@ def cmd_app_call(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
-    from protos.rpc import channel
     from protos import themis_pb2 as pb
     from protos import themis_pb2_grpc as pb_grpc
+    from protos.rpc import channel
 
     async def status() -> dict:
         meta = [("authorization", f"Bearer {_admin_token(args)}")]

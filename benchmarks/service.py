@@ -65,9 +65,9 @@ from rich.table import Table
 from agent.agent import Agent
 from agent.appsched import SuccessiveHalvingApp
 from agent.client import AgentClient
-from protos.rpc import channel
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
+from protos.rpc import channel
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "service.json"

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from arbiter.cluster import ClusterFileError, load_cluster
-from arbiter.policies import POLICIES, make_policy
+from arbiter.cluster import ClusterFileError
+from arbiter.policies import POLICIES
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S
 from simulator.metrics import write_summary

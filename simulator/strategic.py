@@ -295,8 +295,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
     the per-seed values, the share of seeds in which the liars finished sooner, and the liars'
     hidden payments (1 - c_i over their auction wins, D8). ``liars`` is how many of the workload's
     first apps lie, or their ids; ``policy`` is the arbiter's policy (lies only matter to Themis)."""
-    from simulator.runs import run_seeds
     from simulator.plots import line_plot
+    from simulator.runs import run_seeds
     from simulator.seeds import interval
     from simulator.workloads import load_workload
 

@@ -525,7 +525,7 @@ def test_the_arbiter_command_removes_an_app_and_its_agent_stops_with_the_reason(
     assert json.loads(out.splitlines()[0])["app"] == "gone" and "NOT_FOUND" in err
 
 
-def test_retained_topics_the_journal_does_not_know_are_cleared_at_start(tmp_path, mosquitto):
+def test_retained_topics_the_journal_does_not_know_are_cleared_at_start(tmp_path, mosquitto):  # noqa: F811
     import json
 
     import aiomqtt

@@ -20,10 +20,10 @@ from pathlib import Path
 from agent.agent import Agent
 from agent.appsched import SuccessiveHalvingApp
 from agent.client import AgentClient
-from protos.rpc import issue_token, register
 from agent.emulated import EmulatedJobs
 from agent.placement import load_profiles
 from arbiter.server import ArbiterServer, ServerConfig
+from protos.rpc import issue_token, register
 
 DEMO_CLUSTER = """
 name = "demo-16"
