@@ -615,16 +615,12 @@ class AppRunner:
         if self._context is None or now < self._next_rho:
             return
         self._next_rho = now + self.rho_every_s
-        positions = list(held.values())
-        try:
-            rho = finish_time_fairness(self.adapter, positions, now=self.clock(), n_avg=self._context[0],
-                                       cluster_size=self._context[1], left=self.client.agent.time_left(positions))
-        except (ValueError, ZeroDivisionError) as exc:
-            log.debug("%s: no rho now: %s", self.app, exc)
+        rho = self.rho_with_held(list(held.values()))
+        if rho is None:
             return
-        self.rho_now.append((self.clock(), float(rho)))
+        self.rho_now.append((self.clock(), rho))
         if self._record is not None:
-            self._record.write(self.clock(), "rho", rho=float(rho), gpus=len(positions))
+            self._record.write(self.clock(), "rho", rho=rho, gpus=len(held))
 
     def _update_demand(self, demand: int) -> None:
         if demand != self._demand:
@@ -648,12 +644,14 @@ class AppRunner:
 
     # -- what the user sees (issue 11, item 2) -----------------------------------------------------
 
-    def rho_with_held(self) -> float | None:
-        """rho with the GPUs held now (Eq. 1 with the last round's N_avg and cluster size); None
-        before the first round asked or when it cannot be computed."""
+    def rho_with_held(self, positions: Sequence[Position] | None = None) -> float | None:
+        """rho with the GPUs held now (``positions``, default: every GPU the client holds; Eq. 1
+        with the last round's N_avg and cluster size); None before the first round asked or when it
+        cannot be computed."""
         if self._context is None:
             return None
-        positions = [h.position for h in self.client.held.values()]
+        if positions is None:
+            positions = [h.position for h in self.client.held.values()]
         try:
             return float(finish_time_fairness(self.adapter, positions, now=self.clock(), n_avg=self._context[0],
                                               cluster_size=self._context[1],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from pathlib import Path
 
@@ -128,3 +129,10 @@ class RawStream:
         with contextlib.suppress(BaseException):
             await self._reader
         await self.channel.close()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a metrics endpoint, a broker, a dead arbiter)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

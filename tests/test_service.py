@@ -24,6 +24,7 @@ from tests.service_kit import (
     admin_stub,
     arbiter,
     credential,
+    free_port,
     halving_app,
     start_agent,
     target,
@@ -249,11 +250,7 @@ def test_a_restarted_arbiter_restores_leases_apps_and_settings(tmp_path):
 
 
 def test_health_and_metrics_endpoints(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     async def scenario():
         async with arbiter(tmp_path, metrics_port=port, lease_s=1.0) as server:

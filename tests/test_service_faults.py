@@ -41,6 +41,7 @@ from tests.service_kit import (
     arbiter,
     cluster_file,
     credential,
+    free_port,
     halving_app,
     start_agent,
     target,
@@ -56,12 +57,6 @@ META = [("authorization", f"Bearer {ADMIN}")]
 
 def run(coro, timeout: float = 60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def serving(target_: str) -> bool:

@@ -24,6 +24,7 @@ from tests.service_kit import (
     admin_stub,
     arbiter,
     credential,
+    free_port,
     halving_app,
     start_agent,
     target,
@@ -379,11 +380,7 @@ def test_the_agent_command_exits_with_the_reason_on_a_stale_credential(tmp_path)
 
 def test_an_agent_that_never_reaches_the_arbiter_gives_up_with_the_reason():
     async def scenario():
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]  # nothing listens here
+        port = free_port()  # nothing listens here
         client = AgentClient(Agent(halving_app()), "a", f"127.0.0.1:{port}", "app_x", backoff_s=(0.05, 0.2),
                              connect_timeout_s=0.5, first_connect_timeout_s=1.0)
         with pytest.raises(AgentStopped) as err:
@@ -449,12 +446,9 @@ def test_health_is_not_serving_after_the_event_loop_stalled_and_recovers(tmp_pat
 
 
 def test_per_app_process_broker_and_journal_metrics_are_exported(tmp_path):
-    import socket
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     async def scenario():
         async with arbiter(tmp_path, metrics_port=port, lease_s=2.0) as server:
