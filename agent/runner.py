@@ -185,6 +185,9 @@ class AppRunner:
         self._hold: dict[str, float] = {}  # job -> monotonic time before which it is not restarted
         self._stopped_for: dict[str, str] = {}  # job -> why its last run was stopped
         self._resuming: dict[str, str | None] = {}  # job -> why it was stopped, until its resumed run reports
+        self._heard: Counter[str] = Counter()  # job -> usable reports the runner took in (any channel)
+        self._heard_at_start: dict[str, int] = {}  # job -> _heard when its current run started
+        self._verdicts: dict[str, tuple[float, JobExit]] = {}  # clean exits waiting for late MQTT reports
         self.resumes: list[dict[str, Any]] = []  # resumed runs: job, iteration of the checkpoint, why stopped
         self._demand: int | None = None
         self._done = False
@@ -400,6 +403,7 @@ class AppRunner:
                     to_stop.append(j)
         for exited in polled.exited:
             self._on_exit(exited)
+        self._judge_quiet_exits()
         self._check_failing()
         self._take_start_ups()
         for job in to_stop:
@@ -463,6 +467,7 @@ class AppRunner:
                 self._fail(job, f"cannot start: {exc}")
                 continue
             self._launch_errors.pop(job, None)
+            self._heard_at_start[job] = self._heard[job]
             self._params[job] = dict(spec.params)
             self._result_said.discard(job)
             busy |= set(gpus)
@@ -529,6 +534,7 @@ class AppRunner:
             self.rejected += 1
             log.warning("%s: ignoring a report of %s: %s", self.app, job, exc)
             return []
+        self._heard[job] += 1
         extra = payload.get("extra") if isinstance(payload.get("extra"), dict) else {}
         serial = self.serial_time(m.iter_time_s, m.gpus, m.demand)
         self.reports.append(JobReport(self.clock(), job, m.iteration, m.loss, m.iter_time_s, serial, len(m.gpus), extra))
@@ -564,13 +570,36 @@ class AppRunner:
                    resumed=exited.resumed, first_iteration=exited.first_iteration, last_iteration=exited.last_iteration)
         if exited.requested:
             return
-        progressed = exited.reports > 0
-        if exited.clean and progressed:
+        if exited.clean and self._progressed(exited):
             self._hold[job] = time.monotonic() + self.report_wait_s
+            return
+        if exited.clean and self.launcher.report == "mqtt":
+            # Its reports travel through the broker and may land after the exit: judge it when
+            # report_wait_s has passed, and do not restart it meanwhile.
+            deadline = time.monotonic() + self.report_wait_s
+            self._verdicts[job] = (deadline, exited)
+            self._hold[job] = deadline
             return
         why = f"exit code {exited.returncode}" if not exited.clean else "exited without reporting progress"
         log.warning("%s: job %s failed (%s); see %s", self.app, job, why, self.launcher.log_path(job))
         self._fail(job, why)
+
+    def _progressed(self, exited: JobExit) -> bool:
+        """Did this run report? The launcher counts what came through its pipe or metrics file; reports
+        published on MQTT reach only the runner, so it counts those itself."""
+        return exited.reports > 0 or self._heard[exited.job_id] > self._heard_at_start.get(exited.job_id, 0)
+
+    def _judge_quiet_exits(self) -> None:
+        """A clean exit with no report seen yet is a failure only once the reports' grace has passed."""
+        now = time.monotonic()
+        for job, (deadline, exited) in list(self._verdicts.items()):
+            if self._progressed(exited):
+                del self._verdicts[job]
+            elif now >= deadline:
+                del self._verdicts[job]
+                log.warning("%s: job %s failed (exited without reporting progress); see %s", self.app, job,
+                            self.launcher.log_path(job))
+                self._fail(job, "exited without reporting progress")
 
     def _check_failing(self) -> None:
         """Issue 11's fail-fast bound: ``max_failed_runs`` failed runs in a row, nobody reporting."""

@@ -177,3 +177,53 @@ def test_start_up_well_within_the_lease_is_not_warned(tmp_path, caplog):
     finally:
         asyncio.run(launcher.shutdown(1))
     assert runner.start_ups and not [r for r in caplog.records if "first report" in r.getMessage()]
+
+
+def _quiet_exit_runner(tmp_path):
+    """A runner whose jobs report on MQTT (issue 11 item 3 vs. a late broker): the job exits cleanly
+    at once without publishing; the test stands in for the broker by handing reports to the runner's
+    inbox, as its MQTT follower does."""
+    from arbiter.events import make_bus
+
+    script = tmp_path / "job.py"
+    script.write_text("raise SystemExit(0)\n")
+    adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 1000)]], iter_time=0.05)
+    client = ScriptedClient(adapter)
+    launcher = Launcher("a", [sys.executable, str(script)], tmp_path / "w", mqtt="mqtt://127.0.0.1:1",
+                        report="mqtt")
+    runner = AppRunner(adapter, client, launcher, bus=make_bus(None, client_id="t"), report_wait_s=0.5, quiet=True)
+    client.welcomed.set()
+    client.grant(["r0-m0-g0"], expires_at=time.time() + 600)
+    deadline = time.monotonic() + 30
+    while not launcher.history:
+        assert time.monotonic() < deadline, "the job never ran"
+        runner.step()
+        time.sleep(0.02)
+    return runner, launcher.history[0].job_id
+
+
+def _step_until(runner, done, limit_s=10.0):
+    deadline = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < deadline
+        runner.step()
+        time.sleep(0.02)
+
+
+def test_a_clean_exit_whose_mqtt_reports_land_after_it_is_not_a_failure(tmp_path):
+    runner, job = _quiet_exit_runner(tmp_path)
+    assert runner.failures[job] == 0  # not judged at the exit: its reports may still be on the broker
+    runner._inbox.append((job, {"iteration": 1, "loss": 0.5, "iter_time_s": 0.05,
+                                "gpus": [["r0", "r0-m0", "r0-m0-g0"]], "demand": 1}))
+    started = time.monotonic()
+    _step_until(runner, lambda: time.monotonic() - started > 1.0)  # past report_wait_s
+    assert runner.failures[job] == 0 and job not in runner.failed
+    assert [r.iteration for r in runner.reports] == [1]
+    asyncio.run(runner.launcher.shutdown(1))
+
+
+def test_a_clean_exit_that_never_reports_is_a_failure_once_the_wait_is_over(tmp_path):
+    runner, job = _quiet_exit_runner(tmp_path)
+    _step_until(runner, lambda: runner.failures[job] > 0)
+    assert runner._failed_streak[0][1] == "exited without reporting progress"
+    asyncio.run(runner.launcher.shutdown(1))
