@@ -70,7 +70,7 @@ QUANTUM = 1024  # D16: a weight is round(QUANTUM * log V)
 _ENUMERATION_LIMIT = 4096  # components with at most this many row combinations: always searched
 _SEARCH_NODES = 5_000  # bigger ones: branch and bound up to about one MILP solve's time, then the MILP
 _CANONICAL_NODES = 100_000  # the target search after a MILP (D16); past it, fixing app by app
-_CANONICAL_FIXING_S = 2.0  # ... for at most this long; past it the MILP's optimum is kept (canonical=False)
+_CANONICAL_FIXING_NODES = 2_000  # ... with at most this many MILP nodes in all; past it the MILP's optimum is kept
 
 
 class InvalidBid(ValueError):
@@ -402,18 +402,18 @@ def _new_highs() -> Any:
     return h
 
 
-def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[int] | None:
+def _canonical_by_fixing(comp: _Component, value: int, node_budget: int) -> list[int] | None:
     """The canonical allocation (D16) when the target search runs out of nodes: in the search's app
     order, fix each app to the first of its rows (canonical order, "no row" last) with which an
     allocation worth ``value`` (the optimum) still exists. Each step is a small MILP (highspy) whose
     answer -- the least such position -- is unique, so the result does not depend on the solver.
-    None when the steps take more than ``budget_s`` seconds in all."""
-    import time
-
+    None when the steps need more than ``node_budget`` branch-and-bound nodes in all: a count of
+    work, not of seconds, so whether the fallback succeeds does not depend on how busy the machine
+    is (a 2 s wall-clock budget did, D16)."""
     import highspy
     import numpy as np
 
-    deadline = time.monotonic() + budget_s
+    left = node_budget
     h = _new_highs()
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", 0.0)
@@ -434,13 +434,13 @@ def _canonical_by_fixing(comp: _Component, value: int, budget_s: float) -> list[
         for r, c in enumerate(mine):
             cost[c] = r - none
         h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
-        left = deadline - time.monotonic()
         if left <= 0:
             return None
-        h.setOptionValue("time_limit", left)
+        h.setOptionValue("mip_max_nodes", left)
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
+        left -= max(1, int(h.getInfo().mip_node_count))
         values = h.getSolution().col_value
         picked = next((r for r, c in enumerate(mine) if values[c] > 0.5), -1)
         choice[i] = picked
@@ -627,7 +627,7 @@ class _ComponentSolver:
             canonical = _search(self.comp, None, None, _CANONICAL_NODES, target=value, prices=self.prices)
             if canonical is not None:
                 return canonical
-            fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_S)
+            fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_NODES)
             if fixed is not None and _value(self.comp, fixed) == value and self._feasible(fixed):
                 return value, fixed
             self.canonical = False

@@ -287,6 +287,26 @@ def test_every_solver_path_returns_the_same_canonical_allocation(seed, monkeypat
         assert milp.granted == searched.granted, solver
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_fixing_app_by_app_returns_the_canonical_allocation_within_its_node_budget(seed, monkeypatch):
+    """D16's last resort (the target search out of nodes): fixing apps one at a time gives the
+    canonical allocation; with no nodes left it gives up and the outcome says canonical False. The
+    budget counts branch-and-bound nodes, not seconds, so a busy machine cannot change which."""
+    import arbiter.auction as auction
+
+    offered, bids = _tied_instance(apps=5 + seed % 3, machines=4 + seed % 2, seed=seed)
+    searched = run_auction(offered, bids, seed=1)
+    monkeypatch.setattr(auction, "_ENUMERATION_LIMIT", 0)
+    monkeypatch.setattr(auction, "_SEARCH_NODES", 0)
+    monkeypatch.setattr(auction, "_CANONICAL_NODES", 0)
+    fixed = run_auction(offered, bids, seed=1)
+    assert fixed.canonical and fixed.pf == searched.pf and fixed.hidden_payment == searched.hidden_payment
+    monkeypatch.setattr(auction, "_CANONICAL_FIXING_NODES", 0)
+    given_up = run_auction(offered, bids, seed=1)
+    assert not given_up.canonical
+    assert len(given_up.pf) == len(searched.pf)  # still an optimum: as many served
+
+
 def test_the_canonical_allocation_does_not_depend_on_the_order_bids_are_listed():
     offered, bids = _tied_instance(apps=6, machines=5, seed=3)
     shuffled = {a: BidTable(b.rho_old, tuple(reversed(b.rows))) for a, b in reversed(list(bids.items()))}
