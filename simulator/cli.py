@@ -225,7 +225,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.name not in EXPERIMENTS:
         raise SystemExit(f"themis-sim: unknown experiment {args.name!r}; choose from {', '.join(EXPERIMENTS)}")
     run_experiment(args.name, args.out, quick=args.quick, seed=args.seed, seeds=args.seeds, workers=args.workers,
-                   policies=_policies(args.policies))
+                   policies=_policies(args.policies), setup=args.setup)
     return 0
 
 
@@ -276,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
     p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
+    p.add_argument("--setup", choices=("sim", "paper"), default="sim",
+                   help="sim: every figure on sim-256, Fig. 12 with Workload 2 (default); paper: Figs. 9-12 on "
+                        "testbed-64 as the paper ran them, Fig. 12 with Workload 1")
     _add_plugin(p)
     _add_profiles(p)
     p.set_defaults(func=cmd_experiment)

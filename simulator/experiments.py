@@ -1,6 +1,16 @@
 """The paper's simulator experiments (Themis section 6), each one command writing JSON and PNGs.
 
     themis-sim experiment fig9 --out results/fig9 [--quick] [--seeds 5] [--policies themis,tiresias]
+    themis-sim experiment fig12 --setup paper --out results/fig12-testbed
+
+Two setups (``--setup``): ``sim`` (the default, as before) runs every figure on the simulated
+``sim-256``, Fig. 12 with Workload 2; ``paper`` runs Figs. 9-12 as the paper did (section 6.1-6.2:
+"[Testbed]" figures): on ``testbed-64``, Fig. 12 with Workload 1 and its 2x / 4x contention made by
+shrinking testbed-64 to 1/2 and 1/4 of its machines of each kind. Figs. 13-16 are simulator
+figures in the paper too, so ``paper`` is refused for them (``sim`` is already their setup).
+A Philly workload run on a cluster of G GPUs other than 256 is scaled with it
+(:func:`scaled_workload_knobs`): round(300 G / 256) apps at sim-256's arrival scale, so its offered
+load per GPU -- the contention at 1x -- is the same as Workload 1's on sim-256.
 
 Every point of every figure is run at ``--seeds`` seeds (default 5) in parallel processes and
 reported as its mean with a 95% interval; the JSON keeps every seed's value and the plots draw
@@ -13,12 +23,15 @@ of the mechanism (D1-D17) unless the figure varies a knob. Cluster files an expe
 
 from __future__ import annotations
 
+import functools
 import json
+import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from arbiter.cluster import load_cluster
+from simulator.runs import console
 from simulator.plots import compare_plots, line_plot
 from simulator.runs import run_seeds
 from simulator.seeds import aggregate
@@ -26,15 +39,48 @@ from simulator.seeds import aggregate
 POLICIES = ["themis", "gandiva", "tiresias", "optimus", "slaq"]
 DEFAULT_SEEDS = 5
 
+#: ``--setup`` values: the cluster of Figs. 9-12 and the workload of Fig. 12 in each.
+SETUPS: dict[str, dict[str, str]] = {
+    "sim": {"cluster": "sim-256", "fig12_workload": "workload2"},
+    "paper": {"cluster": "testbed-64", "fig12_workload": "workload1"},
+}
+#: The figures ``--setup paper`` changes (the paper's "[Testbed]" figures, section 6.2).
+PAPER_SETUP_FIGURES = ("fig9", "fig10", "fig11", "fig12")
+#: Workload 1's size and the cluster it was scaled for (simulator/workloads/philly.py, step 5).
+W1_APPS, W1_GPUS = 300, 256
+
+#: What quick mode does not reproduce, said in every quick result (``quick_does_not_reproduce``).
+QUICK_CAVEATS = (
+    "the paper's workloads: 30 synthetic apps (fixed-length jobs for 'workload1', successive halving for "
+    "'workload2') stand in for the Philly trace's 300 (sim-256) or 75 (testbed-64) apps, so rho stays low "
+    "and the policies' tails barely differ",
+    "the paper's job sizes: Workload 1's jobs are 98% one-GPU; the synthetic apps draw 1-8 GPU jobs",
+    "the finer sweeps (3 points instead of 5-11) where a figure sweeps a knob",
+)
+
 
 class Setup:
-    """What every experiment gets: where to write, the mode, the seeds, the processes, the policies."""
+    """What every experiment gets: where to write, the mode, the seeds, the processes, the policies,
+    and the setup (``sim`` or ``paper``: which cluster Figs. 9-12 run on, which workload Fig. 12 uses)."""
 
     def __init__(self, out: Path, quick: bool, seed: int, seeds: int, workers: int | None,
-                 policies: Sequence[str] | None):
-        self.out, self.quick, self.workers = out, quick, workers
+                 policies: Sequence[str] | None, setup: str = "sim"):
+        if setup not in SETUPS:
+            raise ValueError(f"unknown setup {setup!r}; choose from {', '.join(SETUPS)}")
+        self.out, self.quick, self.workers, self.name = out, quick, workers, setup
         self.seeds = list(range(seed, seed + seeds))
         self.policies = list(policies or POLICIES)
+        self.cluster = SETUPS[setup]["cluster"]
+        self.gpus = load_cluster(self.cluster).size
+        self.fig12_workload = SETUPS[setup]["fig12_workload"]
+
+    def header(self, figure: str) -> dict[str, Any]:
+        """What every result starts with: the figure, mode, seeds, setup and cluster (and, in quick
+        mode, what it does not reproduce)."""
+        out = {"figure": figure, "quick": self.quick, "seeds": self.seeds, "setup": self.name, "cluster": self.cluster}
+        if self.quick:
+            out["quick_does_not_reproduce"] = list(QUICK_CAVEATS)
+        return out
 
     def run(self, runs: Sequence[dict[str, Any]], label: str) -> list[dict[str, Any]]:
         """Each run (``simulate`` keyword arguments) at every seed -> its multi-seed aggregate."""
@@ -57,31 +103,67 @@ def _public(agg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in agg.items() if k != "first"}
 
 
-def _workloads(quick: bool) -> dict[str, tuple[str, dict[str, Any]]]:
+@functools.cache
+def _w1_candidates() -> int:
+    """How many search apps Workload 1's default window holds (1,040 in the shipped trace)."""
+    from simulator.workloads.philly import PhillyOptions, select_apps
+
+    return select_apps(PhillyOptions(), random.Random("0:sample")).candidates
+
+
+def scaled_workload_knobs(gpus: int) -> dict[str, Any]:
+    """Knobs that size Workload 1 (and Workload 2, which forwards them) for a cluster of ``gpus``.
+
+    Workload 1 is 300 of the trace's 1,040 search apps with arrivals x 300/1,040, an offered load of
+    about 0.6 on sim-256's 256 GPUs. On a cluster of G GPUs we draw round(300 G / 256) apps (75 on
+    testbed-64) at the same arrival scale: the same arrival rate per GPU over the same ~4 days, so
+    the offered load per GPU, the contention at 1x, is Workload 1's on sim-256. Unscaled, 300 apps on
+    64 GPUs would start at 4x sim-256's contention and Fig. 12's 4x would be 16x. The paper scales
+    its trace down for the testbed without saying by how much (section 6.1); this is our rule.
+    256 GPUs -> no knobs (Workload 1 as it is)."""
+    if gpus < 1:
+        raise ValueError("a cluster needs at least one GPU")
+    if gpus == W1_GPUS:
+        return {}
+    return {"max_apps": max(1, round(W1_APPS * gpus / W1_GPUS)), "arrival_scale": W1_APPS / _w1_candidates()}
+
+
+def _workloads(quick: bool, gpus: int = W1_GPUS) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The two workloads of Figs. 9-12, sized for a cluster of ``gpus`` (its 1x)."""
     if quick:
-        return {"workload1": ("synthetic", {"apps": 30, "kind": "fixed", "load": 1.5}),
-                "workload2": ("synthetic", {"apps": 30, "kind": "successive_halving", "load": 1.5})}
-    return {"workload1": ("workload1", {}), "workload2": ("workload2", {})}
+        size = {} if gpus == W1_GPUS else {"cluster_gpus": gpus}
+        return {"workload1": ("synthetic", {"apps": 30, "kind": "fixed", "load": 1.5, **size}),
+                "workload2": ("synthetic", {"apps": 30, "kind": "successive_halving", "load": 1.5, **size})}
+    knobs = scaled_workload_knobs(gpus)
+    return {"workload1": ("workload1", dict(knobs)), "workload2": ("workload2", dict(knobs))}
 
 
-def shrunk(fraction: int, folder: Path) -> str:
-    """sim-256 with 1/fraction of its machines (every fraction-th machine of each kind), written as a
-    TOML file into ``folder`` so the run's summary names it (paper Fig. 12's contention)."""
+def shrunk(fraction: int, folder: Path, cluster: str = "sim-256") -> str:
+    """``cluster`` with 1/fraction of its machines (every fraction-th machine of each kind, so every
+    kind stays), written as a TOML file into ``folder`` so the run's summary names it (paper Fig.
+    12's contention). Refused (ValueError) when that cannot give exactly 1/fraction of its GPUs."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int) or fraction < 1:
+        raise ValueError(f"a contention level must be a whole number >= 1, got {fraction!r}")
     if fraction == 1:
-        return "sim-256"
-    full = load_cluster("sim-256")
+        return cluster
+    full = load_cluster(cluster)
     kinds: dict[int, list[str]] = {}
     for m, gpus in full.machines.items():
         kinds.setdefault(len(gpus), []).append(m)
     keep = [m for ms in kinds.values() for m in ms[::fraction]]
+    if full.size % fraction or sum(len(full.machines[m]) for m in keep) != full.size // fraction:
+        counts = ", ".join(f"{len(ms)} x {n}-GPU" for n, ms in kinds.items())
+        raise ValueError(f"cannot shrink {full.name} ({counts}) to 1/{fraction} of its {full.size} GPUs "
+                         "keeping every machine kind")
     racks: dict[str, list[dict[str, int]]] = {}
     for m in keep:
         n = len(full.machines[m])
         slots = len({full.gpus[g].slot for g in full.machines[m]})
         racks.setdefault(full.gpus[full.machines[m][0]].rack, []).append({"gpus": n, "slots": slots})
-    path = folder / "clusters" / f"sim-256-div{fraction}.toml"
+    stem = full.name.replace("/", "-")
+    path = folder / "clusters" / f"{stem}-div{fraction}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [f'name = "sim-256/{fraction}"']
+    lines = [f'name = "{full.name}/{fraction}"']
     for rack, machines in racks.items():
         specs = ", ".join(f"{{ gpus = {m['gpus']}, slots = {m['slots']} }}" for m in machines)
         lines.append(f'[[racks]]\nname = "{rack}"\nmachines = [{specs}]')
@@ -99,13 +181,15 @@ def fig15_cluster(folder: Path) -> str:
 
 
 def fig9_10_11(setup: Setup, which: str) -> dict[str, Any]:
-    """Figs. 9-11: rho CDF and max rho, GPU time, placement scores; all policies, both workloads."""
-    result: dict[str, Any] = {"figure": which, "quick": setup.quick, "seeds": setup.seeds, "workloads": {}}
-    for label, (workload, knobs) in _workloads(setup.quick).items():
-        runs = setup.run([{"cluster": "sim-256", "workload": workload, "policy": p, "workload_knobs": knobs}
+    """Figs. 9-11: rho CDF and max rho, GPU time, placement scores; all policies, both workloads, on
+    the setup's cluster (testbed-64 in the paper)."""
+    result: dict[str, Any] = {**setup.header(which), "workloads": {}}
+    for label, (workload, knobs) in _workloads(setup.quick, setup.gpus).items():
+        runs = setup.run([{"cluster": setup.cluster, "workload": workload, "policy": p, "workload_knobs": knobs}
                           for p in setup.policies], f"{which} {label}")
         compare_plots([r["first"] for r in runs], setup.out / label, aggregated=runs)
         result["workloads"][label] = {
+            "workload": workload, "workload_knobs": knobs,
             "runs": [_public(r) for r in runs],
             "rho": {r["policy"]: [a["rho"] for a in r["first"]["apps"]] for r in runs},
             "placement": {r["policy"]: [a["placement_score"] for a in r["first"]["apps"]] for r in runs},
@@ -135,14 +219,18 @@ def _policy_sweep(setup: Setup, xs: list[float], runs: list[list[dict[str, Any]]
 
 
 def fig12(setup: Setup) -> dict[str, Any]:
-    """Fig. 12: contention 1x, 2x, 4x (the same workload on sim-256 shrunk to 1/2 and 1/4)."""
-    workload, knobs = _workloads(setup.quick)["workload2"]
+    """Fig. 12: contention 1x, 2x, 4x: the same workload, sized for the setup's cluster, on that
+    cluster shrunk to 1/2 and 1/4 (sim: Workload 2 on sim-256; paper: Workload 1 on testbed-64)."""
+    workload, knobs = _workloads(setup.quick, setup.gpus)[setup.fig12_workload]
     levels = [1, 2, 4]
-    runs = [setup.run([{"cluster": shrunk(level, setup.out), "workload": workload, "policy": p,
-                        "workload_knobs": knobs} for p in setup.policies], f"fig12 {level}x") for level in levels]
-    points = _policy_sweep(setup, levels, runs, xlabel="contention (x)", figure="Fig. 12")
-    return {"figure": "fig12", "quick": setup.quick, "seeds": setup.seeds, "contention": levels, "policies": points,
-            "runs": [[_public(r) for r in at] for at in runs]}
+    clusters = [shrunk(level, setup.out, setup.cluster) for level in levels]
+    runs = [setup.run([{"cluster": cluster, "workload": workload, "policy": p, "workload_knobs": knobs}
+                       for p in setup.policies], f"fig12 {level}x") for level, cluster in zip(levels, clusters)]
+    points = _policy_sweep(setup, levels, runs, xlabel="contention (x)",
+                           figure=f"Fig. 12, {setup.fig12_workload} on {setup.cluster}")
+    return {**setup.header("fig12"), "workload": setup.fig12_workload, "workload_knobs": knobs,
+            "clusters": [load_cluster(c).name for c in clusters], "gpus": [load_cluster(c).size for c in clusters],
+            "contention": levels, "policies": points, "runs": [[_public(r) for r in at] for at in runs]}
 
 
 def fig13(setup: Setup) -> dict[str, Any]:
@@ -233,11 +321,24 @@ EXPERIMENTS: dict[str, Callable[[Setup], dict[str, Any]]] = {
 }
 
 
+def check_setup(name: str, setup: str) -> None:
+    """ValueError unless ``setup`` is known and applies to experiment ``name``."""
+    if setup not in SETUPS:
+        raise ValueError(f"unknown setup {setup!r}; choose from {', '.join(SETUPS)}")
+    if setup == "paper" and name not in PAPER_SETUP_FIGURES:
+        raise ValueError(f"--setup paper applies to {', '.join(PAPER_SETUP_FIGURES)} (the paper's testbed figures); "
+                         f"{name} is a simulator figure in the paper, run it with --setup sim")
+
+
 def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, seeds: int = DEFAULT_SEEDS,
-                   workers: int | None = None, policies: Sequence[str] | None = None) -> dict[str, Any]:
+                   workers: int | None = None, policies: Sequence[str] | None = None,
+                   setup: str = "sim") -> dict[str, Any]:
     if seeds < 1:
         raise ValueError("--seeds must be at least 1")
+    check_setup(name, setup)
     out.mkdir(parents=True, exist_ok=True)
-    result = EXPERIMENTS[name](Setup(out, quick, seed, seeds, workers, policies))
+    if quick:
+        console.print(f"[yellow]{name} --quick does not reproduce:[/] " + "; ".join(QUICK_CAVEATS))
+    result = EXPERIMENTS[name](Setup(out, quick, seed, seeds, workers, policies, setup))
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result
