@@ -4,9 +4,11 @@ One asyncio loop owns everything: the gRPC server (grpc.aio), the round loop, th
 event bus. The one exception is a round's allocation (the auction's MILPs, CPU-heavy): it runs in a
 worker thread so heartbeats, health and admin reads answer meanwhile (issue 12, item 5), and while
 it runs nothing on the loop mutates the engine -- agents' releases, demand updates and Done are held
-back and applied when it returns, Hellos and admin changes wait for it, reads see the leases as they
-were when it started. So no GPU can be granted twice by a race; the lease table refuses it anyway,
-and the journal's primary key on the GPU would too.
+back and applied when it returns, Hellos and the admin calls that change the engine (settings,
+machines) wait for it, an app's removal waits for the round to close. Reads see the leases and free
+GPUs as they were when it started; of the rest they show, only who is connected and N_avg (computed
+for the moment of the call) can move meanwhile. So no GPU can be granted twice by a race; the lease
+table refuses it anyway, and the journal's primary key on the GPU would too.
 
 A round follows D10 on the wall clock. When one is due the service opens it, sends a RhoRequest to
 every connected app the engine wants a report from (D6) and waits until all answered or the report
@@ -305,36 +307,66 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         """Clear retained topics the journal does not know (issue 12): an app's leases and rho
         from an app that is gone, a GPU's lease on a GPU the cluster no longer has -- left on the
         broker by an earlier arbiter (another journal, a lost journal). Reads what the broker
-        retains for ``window_s`` s after subscribing; returns the topics cleared."""
-        prefix = f"themis/{self.cluster}/"
-        stale: list[str] = []
+        retains for ``window_s`` s after subscribing (:meth:`read_retained`), then clears what is
+        still unknown at that moment (:meth:`clear_unknown`); returns the topics cleared."""
         try:
-            async with self.bus.subscribe(prefix + "#") as sub:
-                deadline = asyncio.get_running_loop().time() + window_s
-                while (left := deadline - asyncio.get_running_loop().time()) > 0:
-                    try:
-                        event = await sub.get(timeout=left)
-                    except TimeoutError:
-                        break
-                    if event is None:
-                        break
-                    if not event.retained or event.payload is None:
-                        continue
-                    levels = event.topic[len(prefix):].split("/")
-                    if len(levels) == 3 and levels[0] == "apps" and levels[2] in ("leases", "rho") \
-                            and levels[1] not in self.engine.apps:
-                        stale.append(event.topic)
-                    elif len(levels) == 3 and levels[0] == "gpus" and levels[2] == "lease" \
-                            and levels[1] not in self.engine.cluster.gpus:
-                        stale.append(event.topic)
+            retained = await self.read_retained(window_s)
         except Exception:  # the broker is never on the scheduling path; try again at the next start
             log.warning("could not read the broker's retained state", exc_info=True)
             return []
+        return self.clear_unknown(retained)
+
+    async def read_retained(self, window_s: float) -> set[str]:
+        """The topics under this cluster's prefix that the broker holds a retained value for, as
+        a new subscriber gets them within ``window_s`` s (MQTT marks no end of the retained state)."""
+        prefix = f"themis/{self.cluster}/"
+        seen: set[str] = set()
+        async with self.bus.subscribe(prefix + "#") as sub:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + window_s
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    event = await sub.get(timeout=left)
+                except TimeoutError:
+                    break
+                if event is None:
+                    break
+                if event.retained and event.payload is not None:
+                    seen.add(event.topic)
+                else:
+                    seen.discard(event.topic)  # changed since: whoever changed it owns it now
+        return seen
+
+    def clear_unknown(self, topics) -> list[str]:
+        """Clear those of ``topics`` that belong to no app and no GPU the service knows *now*.
+
+        Decided here, not when the topic was read: the read takes seconds, and an app that
+        connected (or a machine that was added) meanwhile owns its topics. A topic this service
+        has published a retained value on is never cleared either (the bus holds it in
+        ``retained``); the check and the clears run without an await, so nothing the service
+        publishes can slip in between. Returns the topics cleared."""
+        stale = sorted(t for t in topics if t not in self.bus.retained and self._unknown_topic(t))
         for topic in stale:
             self.bus.publish(topic, None, retain=True)
         if stale:
             log.info("cleared stale retained topics", extra={"fields": {"topics": len(stale)}})
         return stale
+
+    def _unknown_topic(self, topic: str) -> bool:
+        """An app's leases or rho of an app the engine does not have, or a GPU's lease on a GPU the
+        cluster does not have; any other topic (rounds, arbiter status, jobs' metrics) is left."""
+        prefix = f"themis/{self.cluster}/"
+        if not topic.startswith(prefix):
+            return False
+        levels = topic[len(prefix):].split("/")
+        if len(levels) != 3:
+            return False
+        kind, name, leaf = levels
+        if kind == "apps" and leaf in ("leases", "rho"):
+            return name not in self.engine.apps
+        if kind == "gpus" and leaf == "lease":
+            return name not in self.engine.cluster.gpus
+        return False
 
     async def run_rounds(self) -> None:
         """D10 on the wall clock: sleep until a round may be due or something changed."""

@@ -136,3 +136,55 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Door:
+    """A TCP relay in front of a server: :meth:`shut` refuses new connections (a dial is refused
+    at once, as by a host that is down), :meth:`cut` also breaks those already through (a network
+    failure). gRPC reuses an open connection for a new channel to the same target, so only a cut
+    keeps a client out that is connected now."""
+
+    def __init__(self, port: int):
+        self.upstream = port
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    def shut(self) -> None:
+        """Refuse new connections from now on."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def cut(self) -> None:
+        """Shut, and break every connection already through."""
+        self.shut()
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer), return_exceptions=True)
+        self._writers -= {writer, up_writer}
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.transport.abort()
