@@ -9,7 +9,9 @@ many GPUs from now until it finishes, placed at the given locality level (D1).
 
 registers the app with an admin-issued token (or reuses the credential kept in
 ``--credential-file``), connects, and runs the app's jobs emulated on the GPUs it is granted
-(``agent.emulated``) until they finish. It exits 1 with the reason when the arbiter refuses the
+(``agent.emulated``) until they finish. It prints a line per grant, revocation and trial result and a
+progress bar, and keeps rho over time, the GPUs held and the trials in
+``<--workdir>/<app>/<run id>/record.jsonl`` with a plot ``rho_gpus.png`` (``agent.emulated_record``). It exits 1 with the reason when the arbiter refuses the
 credential (e.g. a stale credential file), removes the app or revokes its credential, or cannot be
 reached at all (issue 11, item 3).
 """
@@ -21,7 +23,6 @@ import json
 import math
 import sys
 
-from agent.agent import Agent
 from agent.app_config import AppConfigError, load_app
 from agent.fairness import finish_time_fairness
 from agent.placement import Position
@@ -74,47 +75,6 @@ def rho_table(args: argparse.Namespace) -> int:
     return 0
 
 
-class _TellingAgent(Agent):
-    """An agent that keeps the round's N_avg and cluster size, so its lines can say the rho the app
-    has on what it holds (issue 11 item 2)."""
-
-    context: tuple[float, int] | None = None
-
-    def report(self, request):
-        self.context = (request.n_avg, request.cluster_size)
-        return super().report(request)
-
-
-def _print_lease_events(client, agent: _TellingAgent) -> None:
-    """One line per grant and revocation with the GPU ids and the app's rho on what it then holds
-    (issue 11 item 2: ``themis-agent run`` printed nothing but connection details)."""
-    import logging
-    import time
-
-    lines = logging.getLogger("themis.agent")
-
-    def rho_now() -> str:
-        if agent.context is None:
-            return "-"
-        positions = [h.position for h in client.held.values()]
-        try:
-            rho = finish_time_fairness(agent.app, positions, now=time.time(), n_avg=agent.context[0],
-                                       cluster_size=agent.context[1])
-        except (ValueError, ZeroDivisionError):  # a line must never stop the agent
-            return "-"
-        return "inf" if math.isinf(rho) else f"{rho:.3f}"
-
-    def granted(got) -> None:
-        lines.info("%s: granted %s; holds %d GPUs, rho %s", client.app, ",".join(sorted(got)), len(client.held),
-                   rho_now())
-
-    def revoked(gpus, reason: str) -> None:
-        lines.info("%s: lost %s (%s); holds %d GPUs, rho %s", client.app, ",".join(sorted(gpus)), reason,
-                   len(client.held), rho_now())
-
-    client.on_grant, client.on_revoke = granted, revoked
-
-
 def run_agent(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -125,8 +85,10 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agent.client import AgentClient, register
     from agent.emulated import EmulatedJobs
+    from agent.emulated_record import EmulatedRunRecord, TellingAgent
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.quiet:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
         app, _ = load_app(args.app)
     except AppConfigError as exc:
@@ -151,21 +113,29 @@ def run_agent(args: argparse.Namespace) -> int:
             if cred_file:
                 cred_file.touch(mode=0o600)
                 cred_file.write_text(credential + "\n")
-        agent = _TellingAgent(app, name=name)
+        agent = TellingAgent(app, name=name)
         client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca)
-        _print_lease_events(client, agent)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)
+        record = EmulatedRunRecord(client, agent, args.workdir, trials=jobs.trials, quiet=args.quiet)
+        jobs.on_result = record.trial
+        sampling = asyncio.create_task(record.sample_rho())
         runner = asyncio.create_task(client.run())
         working = asyncio.create_task(jobs.run())
-        await asyncio.wait({runner, working}, return_when=asyncio.FIRST_COMPLETED)
-        if not working.done():  # the agent stopped first: removed, revoked, refused, unreachable
-            working.cancel()
-            why = runner.exception() or "the connection ended before the app finished"
-            print(f"themis-agent: {name}: stopped: {why}", file=sys.stderr)
-            return 1
-        await asyncio.wait_for(runner, 30)
+        try:
+            await asyncio.wait({runner, working}, return_when=asyncio.FIRST_COMPLETED)
+            if not working.done():  # the agent stopped first: removed, revoked, refused, unreachable
+                working.cancel()
+                why = runner.exception() or "the connection ended before the app finished"
+                record.close(False, reason=str(why))
+                print(f"themis-agent: {name}: stopped: {why}", file=sys.stderr)
+                return 1
+            await asyncio.wait_for(runner, 30)
+        finally:
+            sampling.cancel()
+        png = record.close(True)
         print(json.dumps({"app": name, "finished_after_s": round(jobs.finished_at - app.start_time, 1),
-                          "connects": client.connects}))
+                          "connects": client.connects, "record": str(record.record.path),
+                          "plot": str(png) if png else None}))
         return 0
 
     return asyncio.run(main_async())
@@ -188,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--credential-file", help="where to keep the app credential for later runs")
     r.add_argument("--speedup", type=float, default=1.0, help="emulated jobs run this many times real time")
     r.add_argument("--tls-ca", help="CA certificate (PEM) to check the arbiter's TLS certificate")
+    r.add_argument("--workdir", default="themis-runs",
+                   help="where the run's record.jsonl and rho_gpus.png go, under <workdir>/<app>/<run id>/ "
+                        "(default: ./themis-runs)")
+    r.add_argument("--quiet", action="store_true", help="no lines or progress bar (warnings and errors only)")
     r.set_defaults(func=run_agent)
     args = parser.parse_args(argv)
     return args.func(args)

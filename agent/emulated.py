@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from agent.appsched import AppScheduler, FixedJobsApp, SuccessiveHalvingApp
 from agent.client import AgentClient
@@ -21,15 +22,35 @@ from agent.fairness import job_time, split_allocation
 log = logging.getLogger("themis.agent")
 
 
+#: ``on_result(job, iteration, outcome)``: a trial's end, ``"stopped"`` (the worse half of a
+#: successive-halving phase) or ``"done"`` (it ran all its iterations).
+ResultHook = Callable[[str, float, str], None]
+
+
 class EmulatedJobs:
-    def __init__(self, client: AgentClient, app: AppScheduler, *, speedup: float = 1.0, tick_s: float = 0.2):
+    def __init__(self, client: AgentClient, app: AppScheduler, *, speedup: float = 1.0, tick_s: float = 0.2,
+                 on_result: ResultHook | None = None):
         if not isinstance(app, (SuccessiveHalvingApp, FixedJobsApp)):
             raise TypeError(f"emulated jobs run successive-halving or fixed-job apps, not {type(app).__name__}")
         if not speedup > 0:
             raise ValueError(f"speedup must be > 0, got {speedup}")
         self.client, self.app, self.speedup, self.tick_s = client, app, speedup, tick_s
+        self.on_result = on_result
         self.demand = app.demand_now()
         self.finished_at: float | None = None
+        self._reported: set[str] = set()
+
+    @property
+    def trials(self) -> int:
+        """How many trials the app runs in all."""
+        app = self.app
+        return len(app.iter_times) if isinstance(app, SuccessiveHalvingApp) else len(app.jobs)
+
+    def _result(self, job: str, iteration: float, outcome: str) -> None:
+        if job not in self._reported:
+            self._reported.add(job)
+            if self.on_result is not None:
+                self.on_result(job, iteration, outcome)
 
     def _jobs(self, positions):
         app = self.app
@@ -49,7 +70,17 @@ class EmulatedJobs:
         app = self.app
         if isinstance(app, SuccessiveHalvingApp) and app.phase_done():
             speed = {j: app._times[j] for j in app.phase_jobs()}
-            app.end_phase(sorted(speed, key=lambda j: (speed[j], j))[: max(1, len(speed) // 2)])
+            survivors = sorted(speed, key=lambda j: (speed[j], j))[: max(1, len(speed) // 2)]
+            reached = float(sum(app.iterations[: app.current_phase()]))
+            last = app.current_phase() == app.num_phases()
+            app.end_phase(survivors)
+            for job in sorted(speed):
+                if last or job not in survivors:
+                    self._result(job, reached, "done" if last else "stopped")
+        elif isinstance(app, FixedJobsApp):
+            for job in app.jobs:
+                if app._left[job.job_id] <= 0:
+                    self._result(job.job_id, float(job.iters_remaining), "done")
         demand = app.demand_now()
         if demand != self.demand:
             self.demand = demand

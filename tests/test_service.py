@@ -306,7 +306,7 @@ def test_the_agent_command_registers_connects_and_finishes(tmp_path):
             token = await issue_token(target(server), "tiny", ADMIN)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agent.cli", "run", str(app_file), "--arbiter", target(server), "--token", token,
-                "--speedup", "20", "--credential-file", str(tmp_path / "cred"),
+                "--speedup", "20", "--credential-file", str(tmp_path / "cred"), "--workdir", str(tmp_path / "runs"),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), 40)
             assert proc.returncode == 0, err.decode()[-2000:]
@@ -319,6 +319,18 @@ def test_the_agent_command_registers_connects_and_finishes(tmp_path):
             assert gpus <= set(server.service.engine.cluster.gpus)
             assert any(not line.endswith(("rho -", "rho inf")) for line in grants)
             assert (tmp_path / "cred").read_text().strip()
+            # ... and the run's record: grants with GPU ids, finite rho samples, every trial's end, the plot
+            record = [json.loads(line) for line in open(result["record"])]
+            assert result["record"].startswith(str(tmp_path / "runs" / "tiny"))
+            what = [r["what"] for r in record]
+            assert "grant" in what and what[-1] == "done"
+            assert {g for r in record if r["what"] == "grant" for g in r["gpus"]} == gpus
+            assert any(r["what"] == "rho" and r["rho"] is not None and r["rho"] > 0 for r in record)
+            trials = [r for r in record if r["what"] == "trial"]
+            assert sorted(r["job"] for r in trials) == ["job0", "job1"]  # 2 trials: one stopped, one done
+            assert sorted(r["outcome"] for r in trials) == ["done", "stopped"]
+            assert {r["iteration"] for r in trials} == {20.0, 60.0}
+            assert result["plot"] and open(result["plot"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
             assert "tiny" not in server.service.engine.apps  # Done: it left the rounds
             assert not any(x.app == "tiny" for x in server.service.engine.leases)
 
