@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.cluster import load_cluster
-from simulator.runs import console
 from simulator.plots import compare_plots, line_plot
-from simulator.runs import run_seeds
+from simulator.runs import console, run_seeds
 from simulator.seeds import aggregate
 
 POLICIES = ["themis", "gandiva", "tiresias", "optimus", "slaq"]
