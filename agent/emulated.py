@@ -78,8 +78,9 @@ class EmulatedJobs:
                 if last or job not in survivors:
                     self._result(job, reached, "done" if last else "stopped")
         elif isinstance(app, FixedJobsApp):
-            for job in app.jobs:
-                if app._left[job.job_id] <= 0:
+            running = {j.job_id for j in app.jobs_remaining(positions)}
+            for job in app.jobs:  # as given: their full length
+                if job.job_id not in running:
                     self._result(job.job_id, float(job.iters_remaining), "done")
         demand = app.demand_now()
         if demand != self.demand:

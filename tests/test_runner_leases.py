@@ -16,9 +16,11 @@ from agent.runner import AppRunner
 from hyperparam_adapters.hyperband import BracketTuner, Rung
 
 JOB = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from agent.job import Job
     job = Job.from_env()
+    while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):  # start-up (imports, data) until the test says
+        time.sleep(0.01)
     state = job.resume() or {"it": 0}
     it = state["it"]
     while True:
@@ -67,13 +69,24 @@ class ScriptedClient:
         pass
 
 
-def make(tmp_path, adapter, linger_s=0.0, grace_s=5.0):
+def make(tmp_path, adapter, linger_s=0.0, grace_s=5.0, go=None, quiet=False):
+    """A runner of JOB: each run lingers ``linger_s`` s after its last step and, with ``go`` (a file
+    path), starts up (launch to first report) until that file exists."""
     script = tmp_path / "job.py"
     script.write_text(JOB)
     client = ScriptedClient(adapter)
-    launcher = Launcher("a", [sys.executable, str(script), str(linger_s)], tmp_path / "w", grace_s=grace_s,
+    argv = [sys.executable, str(script), str(linger_s)] + ([str(go)] if go is not None else [])
+    launcher = Launcher("a", argv, tmp_path / "w", grace_s=grace_s,
                         env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[1])})
-    return AppRunner(adapter, client, launcher), client, launcher
+    return AppRunner(adapter, client, launcher, quiet=quiet), client, launcher
+
+
+def _step_until(runner, done, limit_s=10.0):
+    deadline = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < deadline
+        runner.step()
+        time.sleep(0.02)
 
 
 def test_no_job_runs_on_a_lease_that_ran_out_while_the_stream_was_down(tmp_path):
@@ -116,41 +129,6 @@ def test_a_job_leaving_at_its_target_is_hurried_when_its_gpus_are_revoked(tmp_pa
         asyncio.run(launcher.shutdown(1))
 
 
-SLOW_START = textwrap.dedent("""
-    import os, sys, time
-    from agent.job import Job
-    job = Job.from_env()
-    while not os.path.exists(sys.argv[1]):  # imports, data loading, a model built: until the test says
-        time.sleep(0.01)
-    state = job.resume() or {"it": 0}
-    it = state["it"]
-    while True:
-        time.sleep(0.05)
-        it += 1
-        if job.step(it, 1.0 / it):
-            break
-    job.save({"it": it})
-""")
-
-
-def slow_runner(tmp_path, adapter, go):
-    """A runner whose jobs start up (launch to first report) until the file ``go`` exists."""
-    script = tmp_path / "slow.py"
-    script.write_text(SLOW_START)
-    client = ScriptedClient(adapter)
-    launcher = Launcher("a", [sys.executable, str(script), str(go)], tmp_path / "w", grace_s=5.0,
-                        env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[1])})
-    return AppRunner(adapter, client, launcher, quiet=True), client, launcher
-
-
-def run_until_reports(runner, launcher, jobs: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len({r.job_id for r in runner.reports}) < jobs:
-        assert time.monotonic() < deadline, "no reports"
-        runner.step()
-        time.sleep(0.05)
-
-
 def test_start_up_longer_than_a_tenth_of_the_lease_is_warned_once(tmp_path, caplog):
     """Issue 11, item 5: with 6 s leases 45% of launches were stopped during Python start-up, silently.
 
@@ -160,7 +138,7 @@ def test_start_up_longer_than_a_tenth_of_the_lease_is_warned_once(tmp_path, capl
     grant took to hand over)."""
     adapter = BracketTuner({"lr": [0.1, 0.2]}, [[Rung(2, 1000)]], iter_time=0.05)
     go = tmp_path / "go"
-    runner, client, launcher = slow_runner(tmp_path, adapter, go)
+    runner, client, launcher = make(tmp_path, adapter, go=go, quiet=True)
     client.welcomed.set()
     before = expires = time.time()
     expires += 3.0
@@ -172,7 +150,7 @@ def test_start_up_longer_than_a_tenth_of_the_lease_is_warned_once(tmp_path, capl
             _step_until(runner, lambda: min(launcher.clock() - r.started_at for r in launcher.live().values()) > 0.6,
                         30.0)
             go.touch()
-            run_until_reports(runner, launcher, jobs=2)
+            _step_until(runner, lambda: len({r.job_id for r in runner.reports}) == 2, 30.0)
     finally:
         asyncio.run(launcher.shutdown(1))
     assert expires - after <= runner.lease_s <= expires - before  # what was left of it at the grant
@@ -189,12 +167,12 @@ def test_start_up_well_within_the_lease_is_not_warned(tmp_path, caplog):
     adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 1000)]], iter_time=0.05)
     go = tmp_path / "go"
     go.touch()
-    runner, client, launcher = slow_runner(tmp_path, adapter, go)
+    runner, client, launcher = make(tmp_path, adapter, go=go, quiet=True)
     client.welcomed.set()
     client.grant(["r0-m0-g0"], expires_at=time.time() + 600)
     try:
         with caplog.at_level("WARNING", logger="themis.runner"):
-            run_until_reports(runner, launcher, jobs=1)
+            _step_until(runner, lambda: bool(runner.reports), 30.0)
     finally:
         asyncio.run(launcher.shutdown(1))
     assert runner.start_ups and not [r for r in caplog.records if "first report" in r.getMessage()]
@@ -221,14 +199,6 @@ def _quiet_exit_runner(tmp_path):
         runner.step()
         time.sleep(0.02)
     return runner, launcher.history[0].job_id
-
-
-def _step_until(runner, done, limit_s=10.0):
-    deadline = time.monotonic() + limit_s
-    while not done():
-        assert time.monotonic() < deadline
-        runner.step()
-        time.sleep(0.02)
 
 
 def test_a_clean_exit_whose_mqtt_reports_land_after_it_is_not_a_failure(tmp_path):
