@@ -17,12 +17,19 @@ too small to host k alone, so an app can say what it would do with the fragments
 consolidated machine to an app that needs it more. Rows no better than ``rho_old`` are dropped:
 the auction could never pick them.
 
+Every offered GPU is also a 1-GPU row of its own (D18). The containers above always start with their
+lowest-numbered GPU, so before that every app's 1-GPU rows named the same first GPU of each slot: on
+testbed-64/4, 8 free GPUs in 4 slots gave all bidders the same 4 single GPUs, six starving apps
+could not all be served, and D8's zero hidden payment starved the worst-off one. With every GPU
+listed, any |offered| contenders that take one GPU can be served together (Hall's condition).
+
 Size bound: counts are 1..min(remaining demand, offered) when that is at most 16, else 1..8 and
 then every power of two and 1.5 times a power of two, plus the full remaining demand (at most 18
 counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
 of the slot and machine levels, 2 x ``alternatives`` rack rows, 2 spread rows and one row of the
-app's previous GPUs: with the default 3, at most 15 rows per count, 240 rows for a demand of 16
-and 270 for any demand up to 256.
+app's previous GPUs: with the default 3, at most 15 rows per count; plus one row per offered GPU
+for count 1. For an offer of n GPUs: at most 240 + n rows for a demand of 16 and 270 + n for any
+demand up to 256.
 """
 
 from __future__ import annotations
@@ -158,6 +165,9 @@ def candidate_sets(
         fragments = shape.pick_spread(k, below=k)
         if len(fragments) == k:
             add(fragments)
+        if k == 1:
+            for g in sorted(offer_gpus, key=lambda g: (offer_gpus[g][:2] not in near_machines, _mix(salt, g), g)):
+                add([g])
     return out
 
 

@@ -43,7 +43,8 @@ def test_rows_are_valid_bounded_and_better_than_rho_old():
     bid = make_bid(app, offer)
     validate_bid("lm-app", bid, frozenset(free))
     assert math.isinf(bid.rho_old)
-    assert 0 < len(bid.rows) <= 11 * len(useful_counts(app.demand_now()))
+    assert 0 < len(bid.rows) <= 11 * len(useful_counts(app.demand_now())) + len(free)
+    assert {g for gpus, _ in bid.rows if len(gpus) == 1 for g in gpus} == set(free)  # D18
     assert all(rho < bid.rho_old for _, rho in bid.rows)
     for gpus, rho in bid.rows:
         positions = [CLUSTER.position(g) for g in gpus]

@@ -129,6 +129,26 @@ def test_identical_starving_apps_bid_for_different_machines_and_the_auction_gran
     assert r.granted_by == {"auction": 40, "queue": 0, "leftover": 0, "policy": 0}
 
 
+def test_six_starving_apps_on_eight_gpus_in_four_slots_are_all_served_by_the_auction():
+    """D18, the starvation traced in the paper setup (Workload 1, testbed-64/4, seed 3): every
+    container starts with its lowest-numbered GPU, so all apps' 1-GPU rows named the same first GPU
+    of each slot -- 4 of the 8 free GPUs. Six starving apps could not all be served, each of the five
+    the PF served had c_i = 0 (without it the sixth would be served), and the auction granted
+    nothing. With every free GPU a 1-GPU row of its own, all six are served and keep a share."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4", "r0-m5"])  # 8 GPUs, 4 slots of 2
+    assert len({p.slot for p in cluster.gpus.values()}) == 4
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0), lease_s=1000)
+    agents = {f"s{k}": Agent(job_app(4, iters=1_000 * (k + 1)), name=f"s{k}") for k in range(6)}
+    for name in agents:
+        engine.add_app(name, 0)
+    r = engine.run_round(1, agents)
+    outcome = r.decision.auction
+    assert set(outcome.contenders) == set(agents)
+    assert set(outcome.pf) == set(agents)
+    assert all(0 < outcome.hidden_payment[a] <= 1 for a in agents)
+    assert r.granted_by["auction"] > 0
+
+
 def test_what_the_auction_leaves_is_placed_by_the_reserves_bids_in_rank_order():
     """D9, D14: the apps after the filtered ones got the offer too; GPUs the auction did not place go
     to them worst first, each taking the row of its own bid it values most."""
