@@ -17,19 +17,20 @@ too small to host k alone, so an app can say what it would do with the fragments
 consolidated machine to an app that needs it more. Rows no better than ``rho_old`` are dropped:
 the auction could never pick them.
 
-Every offered GPU is also a 1-GPU row of its own (D18). The containers above always start with their
-lowest-numbered GPU, so before that every app's 1-GPU rows named the same first GPU of each slot: on
-testbed-64/4, 8 free GPUs in 4 slots gave all bidders the same 4 single GPUs, six starving apps
-could not all be served, and D8's zero hidden payment starved the worst-off one. With every GPU
-listed, any |offered| contenders that take one GPU can be served together (Hall's condition).
+In an offer of at most ``SINGLE_ROWS`` (32) GPUs, every GPU is also a 1-GPU row of its own (D18).
+The containers above always start with their lowest-numbered GPU, so before that every app's 1-GPU
+rows named the same first GPU of each slot: on testbed-64/4, 8 free GPUs in 4 slots gave all
+bidders the same 4 single GPUs, six starving apps could not all be served, and D8's zero hidden
+payment starved the worst-off one. With every GPU named, any contenders that value one more GPU
+can all be served (Hall's condition). Bigger offers get no extra rows: 32 single GPUs per bidder
+made the service benchmark's 500-app rounds about 2.5 times slower (D18).
 
 Size bound: counts are 1..min(remaining demand, offered) when that is at most 16, else 1..8 and
 then every power of two and 1.5 times a power of two, plus the full remaining demand (at most 18
 counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
 of the slot and machine levels, 2 x ``alternatives`` rack rows, 2 spread rows and one row of the
-app's previous GPUs: with the default 3, at most 15 rows per count; plus one row per offered GPU
-for count 1. For an offer of n GPUs: at most 240 + n rows for a demand of 16 and 270 + n for any
-demand up to 256.
+app's previous GPUs: with the default 3, at most 15 rows per count, plus up to 32 single GPUs
+in a small offer: at most 272 rows for a demand of 16 and 302 for any demand up to 256.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from agent.placement import Position
 from protos.messages import BidTable, Offer
 
 DEFAULT_ALTERNATIVES = 3
+SINGLE_ROWS = 32  # D18: offers of at most this many GPUs list each GPU as a 1-GPU row
 
 
 def useful_counts(remaining: int) -> list[int]:
@@ -125,6 +127,7 @@ def candidate_sets(
     alternatives: int = DEFAULT_ALTERNATIVES,
     previous: Mapping[str, Position] | None = None,
     salt: str = "",
+    single_rows: int = SINGLE_ROWS,
 ) -> list[frozenset[str]]:
     """The GPU subsets worth bidding on, best locality first within each container (D1, D7).
 
@@ -165,8 +168,8 @@ def candidate_sets(
         fragments = shape.pick_spread(k, below=k)
         if len(fragments) == k:
             add(fragments)
-        if k == 1:
-            for g in sorted(offer_gpus, key=lambda g: (offer_gpus[g][:2] not in near_machines, _mix(salt, g), g)):
+        if k == 1 and total <= single_rows:
+            for g in sorted(offer_gpus):
                 add([g])
     return out
 

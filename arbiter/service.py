@@ -66,7 +66,7 @@ RACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]{0,63}$")  # no '-': machines 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 OUTBOX_LIMIT = 1000  # messages queued to one agent before it counts as stuck and its stream is ended
-MAX_BID_ROWS = 256  # agents send at most 126 (D7); bounds the auction's work per app
+MAX_BID_ROWS = 302  # D7's 15 rows x 18 counts and D18's 32 single GPUs; bounds the auction's work per app
 
 # Bounds on admin input (issue 12, item 2). Each is checked before any work is done, so an absurd
 # call is refused at once; together they bound the journal's rows per write (apps + leases).

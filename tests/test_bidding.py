@@ -8,7 +8,7 @@ import random
 import pytest
 
 from agent.appsched import JobInfo, SingleJobApp, SuccessiveHalvingApp
-from agent.bidding import candidate_sets, make_bid, useful_counts
+from agent.bidding import SINGLE_ROWS, candidate_sets, make_bid, useful_counts
 from agent.fairness import finish_time_fairness
 from agent.placement import model_slowdown
 from arbiter.auction import validate_bid
@@ -43,8 +43,7 @@ def test_rows_are_valid_bounded_and_better_than_rho_old():
     bid = make_bid(app, offer)
     validate_bid("lm-app", bid, frozenset(free))
     assert math.isinf(bid.rho_old)
-    assert 0 < len(bid.rows) <= 11 * len(useful_counts(app.demand_now())) + len(free)
-    assert {g for gpus, _ in bid.rows if len(gpus) == 1 for g in gpus} == set(free)  # D18
+    assert 0 < len(bid.rows) <= 11 * len(useful_counts(app.demand_now()))  # 100 GPUs: no D18 rows
     assert all(rho < bid.rho_old for _, rho in bid.rows)
     for gpus, rho in bid.rows:
         positions = [CLUSTER.position(g) for g in gpus]
@@ -126,3 +125,15 @@ def test_a_row_that_moves_the_app_carries_one_restart_and_winning_back_its_gpus_
     assert costly[back] == pytest.approx(plain[back])  # no restart to win back what it runs on
     assert costly[move] > plain[move] and costly[move] > costly[back]
     assert plain[move] == pytest.approx(plain[back])  # same shape, same rho without the cost
+
+
+def test_single_gpu_rows_cover_a_small_offer_only():
+    """D18: every GPU of an offer of at most SINGLE_ROWS GPUs is a 1-GPU row, so any contenders
+    that take one GPU can all be served; a bigger offer gets no extra rows (the auction's cost)."""
+    rng = random.Random(7)
+    small = rng.sample(CLUSTER.gpu_ids, 8)
+    bid = make_bid(vgg_job(4), offer_of(small), salt="a")
+    assert {g for gpus, _ in bid.rows if len(gpus) == 1 for g in gpus} == set(small)
+    big = rng.sample(CLUSTER.gpu_ids, SINGLE_ROWS + 1)
+    bid = make_bid(vgg_job(4), offer_of(big), salt="a")
+    assert len({g for gpus, _ in bid.rows if len(gpus) == 1 for g in gpus}) < SINGLE_ROWS

@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent.client import channel
+from arbiter.service import MAX_BID_ROWS
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 from tests.service_kit import (
@@ -92,8 +93,8 @@ def test_hostile_bids_are_rejected_with_reasons_and_the_round_goes_on(tmp_path):
                        rows=[pb.BidRow(gpus=[gpus[0], gpus[0]], rho=1.0)]),
                 pb.Bid(round_id=rid, app="mallory", rho_old=math.nan, rows=[]),
                 pb.Bid(round_id=rid, app="mallory", rho_old=math.inf, rows=[pb.BidRow(gpus=gpus[:1], rho=-1.0)]),
-                pb.Bid(round_id=rid, app="mallory", rho_old=math.inf,
-                       rows=[pb.BidRow(gpus=gpus[:1], rho=1.0 + k) for k in range(5000)]),
+                pb.Bid(round_id=rid, app="mallory", rho_old=math.inf,  # one row past the limit (D7, D18)
+                       rows=[pb.BidRow(gpus=gpus[:1], rho=1.0 + k) for k in range(MAX_BID_ROWS + 1)]),
                 pb.Bid(round_id=rid - 1, app="mallory", rho_old=math.inf, rows=[]),
                 pb.Bid(round_id=rid, app="good", rho_old=math.inf, rows=[]),
             ]
@@ -104,7 +105,8 @@ def test_hostile_bids_are_rejected_with_reasons_and_the_round_goes_on(tmp_path):
             reasons = " | ".join(r.reason for r in rejections)
             assert [r.code for r in rejections].count(DENIED) == 1, reasons
             assert all(r.code in (INVALID, DENIED) and r.reason for r in rejections)
-            for needle in ("not offered", "twice", "rho_old", "rho must be finite", "rows", "not open", "cannot send"):
+            for needle in ("not offered", "twice", "rho_old", "rho must be finite", "not open", "cannot send",
+                           f"{MAX_BID_ROWS + 1} rows, more than the limit of {MAX_BID_ROWS}"):
                 assert needle in reasons, needle
             # the round completes for everyone else: the good agent gets GPUs
             await wait_for(lambda: len(good.held) > 0)
