@@ -8,10 +8,11 @@ machines, then racks) first, so every candidate has the best locality its contai
 
 Rows with the same shape (``agent.placement.canonical_shape`` of held + won GPUs) have the same rho,
 so rho is computed once per shape. Of the same-count, same-level candidates we keep up to
-``alternatives`` in distinct containers -- those next to GPUs the app already holds first, then the
-tightest fit (least fragmentation), then an order of the app's own (``salt``, the app's name): apps
-that want the same thing list different ones of equally good containers, so their bids cover the
-offer and the auction can give each its own machine instead of all naming the same few (D7).
+``alternatives`` in distinct containers: the best one (next to GPUs the app already holds, then the
+tightest fit, against fragmentation), then the others next to held GPUs, then the rest in an order
+of the app's own (``salt``, the app's name) whatever their fit. Apps that want the same thing thus
+list different containers, so their bids cover the offer and the auction can give each its own
+machine instead of all naming the same few (D7, D19).
 Rack and spread candidates come twice: fullest machines first, and once more from only the machines
 too small to host k alone, so an app can say what it would do with the fragments and leave a
 consolidated machine to an app that needs it more. Rows no better than ``rho_old`` are dropped:
@@ -109,11 +110,18 @@ class _OfferShape:
         return out
 
 
-def _ranked(containers: Mapping, need: int, near: set, key_of, salt: str = "") -> list:
-    """Containers with room for ``need``: those next to held GPUs first, then tightest fit, then the
-    app's own order (a hash of ``salt`` and the container), then the container's name."""
+def _ranked(containers: Mapping, need: int, near: set, key_of, salt: str = "", alternatives: int = 1) -> list:
+    """Up to ``alternatives`` containers with room for ``need`` (D7, D19): the best one -- next to
+    held GPUs, then the tightest fit -- and after it the others next to held GPUs, then the rest in
+    the app's own order (a hash of ``salt`` and the container), whatever their fit. Ranking every
+    alternative by fit made all apps name the same few containers whenever one fit was tighter
+    than the rest (D19)."""
     fits = [c for c, free in containers.items() if free >= need]
-    return sorted(fits, key=lambda c: (key_of(c) not in near, containers[c], _mix(salt, c), c))
+    if not fits or alternatives < 1:
+        return []
+    best = min(fits, key=lambda c: (key_of(c) not in near, containers[c], _mix(salt, c), c))
+    rest = sorted((c for c in fits if c != best), key=lambda c: (key_of(c) not in near, _mix(salt, c), c))
+    return [best, *rest[: alternatives - 1]]
 
 
 def _mix(salt: str, container) -> int:
@@ -155,11 +163,11 @@ def candidate_sets(
             break
         if mine_shape is not None and k <= len(mine):
             add(mine_shape.pick_spread(k))
-        for s in _ranked(slot_free, k, near_machines, lambda s: s[:2], salt)[:alternatives]:
+        for s in _ranked(slot_free, k, near_machines, lambda s: s[:2], salt, alternatives):
             add(shape.slots[s][:k])
-        for m in _ranked(shape.machine_free, k, near_machines, lambda m: m, salt)[:alternatives]:
+        for m in _ranked(shape.machine_free, k, near_machines, lambda m: m, salt, alternatives):
             add(shape.pick_machine(m, k))
-        for r in _ranked(shape.rack_free, k, near_racks, lambda r: r, salt)[:alternatives]:
+        for r in _ranked(shape.rack_free, k, near_racks, lambda r: r, salt, alternatives):
             add(shape.pick_rack(r, k))
             fragments = shape.pick_rack(r, k, below=k)
             if len(fragments) == k:

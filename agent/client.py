@@ -76,6 +76,10 @@ class AgentClient:
     first_connect_timeout_s: float | None = 120.0  # never welcomed for this long: AgentStopped("unreachable")
 
     def __post_init__(self) -> None:
+        if not self.agent.name:
+            # The name orders the app's equally good containers its own way (D7): without it every
+            # unnamed agent bid on the same GPUs, and the service's mass-expiry auctions placed none.
+            self.agent.name = self.app
         self._out: asyncio.Queue | None = None
         self._stop = asyncio.Event()
         self.welcomed = asyncio.Event()

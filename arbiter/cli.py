@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         admin_token=args.admin_token, metrics_port=args.metrics_port,
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
-        report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout,
+        report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("themis-arbiter: --tls-cert and --tls-key go together")
@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--coalesce", type=float, help="seconds of events coalesced into one round (default 1)")
     s.add_argument("--report-timeout", type=float, help="seconds agents have to report rho (default 2)")
     s.add_argument("--bid-timeout", type=float, help="seconds agents have to bid (default 2)")
+    s.add_argument("--max-contenders", type=int,
+                   help="bidders the auction takes per round, worst first; 0 = no cap (default 16, D20)")
     s.add_argument("--admin-token", help="admin token (default: THEMIS_ADMIN_TOKEN or <db>.admin-token)")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS")

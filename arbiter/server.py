@@ -61,6 +61,7 @@ class ServerConfig:
     report_timeout_s: float | None = None
     bid_timeout_s: float | None = None
     heartbeat_s: float | None = None
+    max_contenders: int | None = None
 
 
 def admin_token_for(config: ServerConfig) -> str:

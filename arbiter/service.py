@@ -66,6 +66,7 @@ RACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]{0,63}$")  # no '-': machines 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 OUTBOX_LIMIT = 1000  # messages queued to one agent before it counts as stuck and its stream is ended
+MAX_CONTENDERS = 4096  # the largest cap an admin may set (D20); 0 means none
 MAX_BID_ROWS = 302  # D7's 15 rows x 18 counts and D18's 32 single GPUs; bounds the auction's work per app
 
 # Bounds on admin input (issue 12, item 2). Each is checked before any work is done, so an absurd
@@ -95,6 +96,9 @@ class Settings:
     report_timeout_s: float = 2.0
     bid_timeout_s: float = 2.0
     heartbeat_s: float = 10.0
+    # D20: bidders the auction takes per round, worst first (0 = no cap). The exact auction's work
+    # grows steeply with them: 16 keep a 256-GPU mass expiry near 1 s, 98 took 440 s (docs/service.md).
+    max_contenders: int = 16
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -107,9 +111,14 @@ class Settings:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
         if not self.coalesce_s >= 0:
             raise ValueError(f"coalesce_s must be >= 0, got {self.coalesce_s}")
+        if isinstance(self.max_contenders, bool) or not isinstance(self.max_contenders, int) \
+                or not 0 <= self.max_contenders <= MAX_CONTENDERS:
+            raise ValueError(f"max_contenders must be an integer from 0 (no cap) to {MAX_CONTENDERS}, "
+                             f"got {self.max_contenders!r}")
 
     def policy_object(self):
-        options = {"fairness_knob": self.fairness_knob} if self.policy == "themis" else {}
+        options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None}
+                   if self.policy == "themis" else {})
         return make_policy(self.policy, **options)
 
 
@@ -971,7 +980,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         s = self.settings
         return pb.Settings(policy=s.policy, fairness_knob=s.fairness_knob, lease_s=s.lease_s,
                            coalesce_s=s.coalesce_s, expiry_window_s=self.engine.expiry_window_s,
-                           report_timeout_s=s.report_timeout_s, bid_timeout_s=s.bid_timeout_s)
+                           report_timeout_s=s.report_timeout_s, bid_timeout_s=s.bid_timeout_s,
+                           max_contenders=s.max_contenders)
 
     def _cluster_state(self) -> pb.ClusterState:
         cluster = self.engine.cluster
@@ -1022,6 +1032,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"lease_s must be {low:g} to {high:g} s, got {request.lease_s}")
             new.lease_s = request.lease_s
+        if request.HasField("max_contenders"):
+            new.max_contenders = request.max_contenders
         try:
             new.check()
         except ValueError as exc:

@@ -293,7 +293,8 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
     cmd = [sys.executable, "-m", "arbiter.cli", "serve", "--cluster", args.cluster, "--port", str(port),
            "--db", str(workdir / f"arbiter-{n}.db"), "--admin-token", ADMIN, "--lease", str(args.lease),
            "--fairness-knob", str(args.fairness_knob), "--report-timeout", str(args.report_timeout),
-           "--bid-timeout", str(args.bid_timeout), "--log-level", args.log_level]
+           "--bid-timeout", str(args.bid_timeout), "--max-contenders", str(args.max_contenders),
+           "--log-level", args.log_level]
     with log.open("wb") as log_file:
         arbiter = subprocess.Popen(cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
     workers: list[subprocess.Popen] = []
@@ -388,10 +389,11 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         "granted_per_round": stats([sum(r.granted.values()) for r in rounds]),
         "idle_per_round": stats([r.idle for r in rounds]),
         "gpus_by_source": {src: sum(s.get(src, 0) for s in by_source.values())
-                           for src in ("auction", "leftover", "policy")},
+                           for src in ("auction", "queue", "leftover", "policy")},
         "big_rounds": {"n": len(big), "expired_min": MASS_EXPIRY, "server_latency_s": stats([r.latency_s for r in big]),
                        "bidders": stats([len(r.bidders) for r in big]),
                        "auction_gpus": sum(by_source.get(r.round_id, {}).get("auction", 0) for r in big),
+                       "queue_gpus": sum(by_source.get(r.round_id, {}).get("queue", 0) for r in big),
                        "leftover_gpus": sum(by_source.get(r.round_id, {}).get("leftover", 0) for r in big)},
         "small_rounds_server_latency_s": stats([r.latency_s for r in rounds if r.expired < MASS_EXPIRY]),
         "health_check_s": stats(probed["health_s"]),
@@ -477,6 +479,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after all apps connected")
     parser.add_argument("--lease", type=float, default=10.0, help="lease length (s)")
     parser.add_argument("--fairness-knob", type=float, default=0.8)
+    parser.add_argument("--max-contenders", type=int, default=16, help="the arbiter's cap on contenders (D20; 0 = none)")
     parser.add_argument("--report-timeout", type=float, default=2.0)
     parser.add_argument("--bid-timeout", type=float, default=2.0)
     parser.add_argument("--churn", type=float, default=60.0,
@@ -508,7 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"{c['apps']} apps: {b['n']} rounds with >= {MASS_EXPIRY} leases expiring together: "
                       f"server p50 / p95 {fmt(b['server_latency_s']['median'], '.3f')} / "
                       f"{fmt(b['server_latency_s']['p95'], '.3f')} s with {fmt(b['bidders']['mean'], '.0f')} bidders, "
-                      f"GPUs won in the auction / handed out as leftover: {b['auction_gpus']} / {b['leftover_gpus']}; "
+                      f"GPUs won in the auction / placed by bidders' own rows after it (queue, D9) / at random "
+                      f"(leftover): {b['auction_gpus']} / {b.get('queue_gpus', 0)} / {b['leftover_gpus']}; "
                       f"the other rounds: p95 {fmt(c['small_rounds_server_latency_s']['p95'], '.3f')} s")
     verdict = goal(cells)
     if not verdict["measured"]:
@@ -521,7 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {
         "machine": machine_info(),
         "settings": {"apps": counts, "seconds": args.seconds, "warmup": args.warmup, "lease_s": args.lease,
-                     "fairness_knob": args.fairness_knob, "report_timeout_s": args.report_timeout,
+                     "fairness_knob": args.fairness_knob, "max_contenders": args.max_contenders,
+                     "report_timeout_s": args.report_timeout,
                      "bid_timeout_s": args.bid_timeout, "churn_s": args.churn, "cluster": args.cluster,
                      "client_procs": args.client_procs, "arbiter_log_level": args.log_level, "seed": args.seed},
         "goal": verdict,

@@ -33,7 +33,7 @@ class Lease(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., app: _Optional[str] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Settings(_message.Message):
     EXPIRY_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     REPORT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     BID_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
@@ -48,7 +49,8 @@ class Settings(_message.Message):
     expiry_window_s: float
     report_timeout_s: float
     bid_timeout_s: float
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ...) -> None: ...
+    max_contenders: int
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "bid", "release", "demand", "heartbeat", "done")
@@ -424,14 +426,16 @@ class RoundList(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ...) -> None: ...
 
 class SettingsUpdate(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    max_contenders: int
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ...) -> None: ...
 
 class AddMachineRequest(_message.Message):
     __slots__ = ("rack", "machine", "gpus", "slots")

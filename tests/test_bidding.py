@@ -137,3 +137,21 @@ def test_single_gpu_rows_cover_a_small_offer_only():
     big = rng.sample(CLUSTER.gpu_ids, SINGLE_ROWS + 1)
     bid = make_bid(vgg_job(4), offer_of(big), salt="a")
     assert len({g for gpus, _ in bid.rows if len(gpus) == 1 for g in gpus}) < SINGLE_ROWS
+
+
+def test_apps_alternatives_spread_over_containers_when_one_fits_tighter():
+    """D19: eight 8-GPU machines with 1, 2, ..., 8 free GPUs (36, too many for D18's single rows).
+    Ranking every alternative by fit made all apps name the same tightest containers: twenty apps
+    named 8 single GPUs in all, and in a 256-GPU service round all 98 bidders shared 65.
+    Now each app lists the tightest container first and then containers in its own order."""
+    machines = [m for m, gs in sorted(CLUSTER.machines.items()) if len(gs) == 8][:8]
+    free = [g for k, m in enumerate(machines) for g in sorted(CLUSTER.machines[m])[: k + 1]]
+    assert len(free) == 36 > SINGLE_ROWS
+    offer = {g: CLUSTER.position(g) for g in free}
+    tightest = sorted(CLUSTER.machines[machines[0]])[0]  # the only free GPU of the first machine
+    singles = set()
+    for k in range(20):
+        sets = [s for s in candidate_sets(offer, {}, [1], salt=f"app{k}") if len(s) == 1]
+        assert frozenset([tightest]) in sets  # the best fit is still every app's first choice
+        singles |= {g for s in sets for g in s}
+    assert len(singles) >= 14  # 18 now; ranked by fit alone, all twenty named the same 8

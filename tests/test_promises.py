@@ -171,6 +171,33 @@ def test_what_the_auction_leaves_is_placed_by_the_reserves_bids_in_rank_order():
     assert {g.app: (g.gpus, g.source) for g in r.grants} == {"worst": (m4, "auction"), "next": (m5, "queue")}
 
 
+def test_a_contender_cap_auctions_among_the_worst_and_queues_the_rest_in_rank_order():
+    """D20: with max_contenders = 1 only the worst-ranked of three filtered bidders contends; the
+    next two are served from what the auction left, by their own rows, in rank order."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4", "r0-m5"])
+    m4 = frozenset(g for g in cluster.gpus if cluster.gpus[g].machine == "r0-m4")
+    m5 = frozenset(g for g in cluster.gpus if cluster.gpus[g].machine == "r0-m5")
+    rows = {"worst": ((m4, 1.0), (m5, 1.0)), "next": ((m4, 1.0), (m5, 1.1)), "last": ((m5, 1.0),)}
+
+    def run(cap):
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0, max_contenders=cap), lease_s=1000)
+        for name in rows:
+            engine.add_app(name, 0)
+        agents = {n: Fixed(math.inf, 4, BidTable(math.inf, rows[n]), wait=w)
+                  for n, w in (("worst", 3.0), ("next", 2.0), ("last", 1.0))}
+        return engine.run_round(1, agents)
+
+    capped = run(1)
+    assert capped.decision.auction.contenders == ("worst",)
+    assert capped.decision.auction.hidden_payment["worst"] == 1.0  # alone in its auction
+    # the PA gave 'worst' m4 (its first row, D16); 'next' ranks before 'last' and takes m5 from the queue
+    assert {g.app: (g.gpus, g.source) for g in capped.grants} == {"worst": (m4, "auction"), "next": (m5, "queue")}
+    uncapped = run(None)
+    assert uncapped.decision.auction.contenders == ("worst", "next", "last")
+    with pytest.raises(ValueError, match="max_contenders"):
+        make_policy("themis", max_contenders=0)
+
+
 def test_the_round_event_counts_gpus_that_moved_to_another_app_at_expiry():
     """The round event's ``moved``: expired GPUs granted to a different app (churn), not renewals."""
     from arbiter.service import _summary

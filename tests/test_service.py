@@ -15,7 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent.client import channel
+from agent.agent import Agent
+from agent.client import AgentClient, channel
 from arbiter.service import MAX_BID_ROWS
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
@@ -208,6 +209,15 @@ def test_admin_can_change_settings_add_and_drain_machines(tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=1.5), metadata=meta)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert s.max_contenders == 16  # D20's default
+            s = await stub.UpdateSettings(pb.SettingsUpdate(policy="themis", max_contenders=3), metadata=meta)
+            assert s.max_contenders == 3 and server.service.engine.policy.max_contenders == 3
+            s = await stub.UpdateSettings(pb.SettingsUpdate(max_contenders=0), metadata=meta)
+            assert s.max_contenders == 0 and server.service.engine.policy.max_contenders is None  # 0: no cap
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.UpdateSettings(pb.SettingsUpdate(max_contenders=-1), metadata=meta)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_contenders" in err.value.details()
+            await stub.UpdateSettings(pb.SettingsUpdate(policy="fifo"), metadata=meta)
             state = await stub.DrainMachine(pb.DrainMachineRequest(machine="r0-m0"), metadata=meta)
             assert list(state.drained_machines) == ["r0-m0"]
             state = await stub.AddMachine(pb.AddMachineRequest(rack="r1", gpus=2, slots=1), metadata=meta)
@@ -337,3 +347,13 @@ def test_the_agent_command_registers_connects_and_finishes(tmp_path):
             assert not any(x.app == "tiny" for x in server.service.engine.leases)
 
     run(scenario())
+
+
+def test_an_agent_without_a_name_bids_in_its_apps_own_order():
+    """D7's salt is the app's name. The load benchmark and the demo built unnamed agents, so all
+    500 apps ranked containers alike and the 256-GPU auctions served 16 of ~100 bidders, every one
+    at c_i = 0; AgentClient now names an unnamed agent after its app, and keeps a given name."""
+    unnamed = AgentClient(Agent(halving_app()), "app-7", "127.0.0.1:1", "credential")
+    assert unnamed.agent.name == "app-7"
+    named = AgentClient(Agent(halving_app(), name="own"), "app-8", "127.0.0.1:1", "credential")
+    assert named.agent.name == "own"

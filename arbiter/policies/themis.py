@@ -80,11 +80,14 @@ class ThemisPolicy(Policy):
     name = "themis"
 
     def __init__(self, fairness_knob: float = DEFAULT_FAIRNESS_KNOB, solver: str = DEFAULT_SOLVER,
-                 fill: bool = True):
+                 fill: bool = True, max_contenders: int | None = None):
         check_knob(fairness_knob)
+        if max_contenders is not None and max_contenders < 1:
+            raise ValueError(f"max_contenders must be at least 1 (or None for no cap), got {max_contenders}")
         self.fairness_knob = fairness_knob
         self.solver = solver
         self.fill = fill
+        self.max_contenders = max_contenders
 
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
         waiting = {a: ctx.reports[a].rho_wait for a in rho if a in ctx.reports}
@@ -95,6 +98,9 @@ class ThemisPolicy(Policy):
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
         stage = set(ctx.offered[: filtered(ctx.ranked or len(ctx.unmet), self.fairness_knob)])
         priority = [a for a in ctx.offered if a in bids and a in stage]
+        if self.max_contenders is not None:
+            # D20: the auction takes the worst max_contenders bidders; the others are queued below.
+            priority = priority[: self.max_contenders]
         outcome = run_auction(ctx.free, {a: bids[a] for a in priority}, seed=ctx.seed, solver=self.solver,
                               position=ctx.position, priority=priority)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
