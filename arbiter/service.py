@@ -97,7 +97,7 @@ class Settings:
     bid_timeout_s: float = 2.0
     heartbeat_s: float = 10.0
     # D20: bidders the auction takes per round, worst first (0 = no cap). The exact auction's work
-    # grows steeply with them: 16 keep a 256-GPU mass expiry near 1 s, 98 took 440 s (docs/service.md).
+    # grows steeply with them: 16 keep a 256-GPU mass expiry near 1 s, 98 took 438 s (D20).
     max_contenders: int = 16
 
     def check(self) -> None:

@@ -325,15 +325,20 @@ def test_a_missing_search_space_is_refused_with_what_to_pass():
     assert 1e-3 <= app.runnable()[0].params["lr"] <= 1e-1
 
 
+def stored_study(storage: str, name: str) -> optuna.Study:
+    """The named study in ``storage``, created or loaded: what a process restarting a search does."""
+    return optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
+                               sampler=optuna.samplers.RandomSampler(seed=0),
+                               pruner=SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+
+
 def test_a_resumed_study_takes_up_its_running_trials(tmp_path):
     """Issue 11: ``resume()`` (what ``AppRunner.create(resume=True)`` calls) goes on with the trials an
     interrupted run left RUNNING in the study's storage, from the iteration they last reported."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
 
     def load():
-        return optuna.create_study(study_name="resumable", storage=storage, load_if_exists=True,
-                                   sampler=optuna.samplers.RandomSampler(seed=0),
-                                   pruner=SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+        return stored_study(storage, "resumable")
 
     first = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=2, search_space=SPACE)
     specs = first.runnable()
@@ -365,9 +370,7 @@ def test_resume_takes_up_only_the_resumed_runs_trials(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
 
     def load():
-        return optuna.create_study(study_name="two-runs", storage=storage, load_if_exists=True,
-                                   sampler=optuna.samplers.RandomSampler(seed=0),
-                                   pruner=SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+        return stored_study(storage, "two-runs")
 
     older = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=1, search_space=SPACE)
     older.run_id = "run-a"
