@@ -402,54 +402,123 @@ def _new_highs() -> Any:
     return h
 
 
-def _canonical_by_fixing(comp: _Component, value: int, node_budget: int) -> list[int] | None:
+def _canonical_by_fixing(
+    comp: _Component, value: int, node_budget: int, incumbent: Sequence[int], prices: Mapping[int, int] | None,
+) -> list[int] | None:
     """The canonical allocation (D16) when the target search runs out of nodes: in the search's app
     order, fix each app to the first of its rows (canonical order, "no row" last) with which an
-    allocation worth ``value`` (the optimum) still exists. Each step is a small MILP (highspy) whose
-    answer -- the least such position -- is unique, so the result does not depend on the solver.
-    None when the steps need more than ``node_budget`` branch-and-bound nodes in all: a count of
-    work, not of seconds, so whether the fallback succeeds does not depend on how busy the machine
-    is (a 2 s wall-clock budget did, D16)."""
+    allocation worth ``value`` (the optimum) still exists. That least position is unique, so the
+    result does not depend on the solver.
+
+    ``incumbent`` is an allocation worth ``value``; it meets every fix made so far, so its position
+    for the next app is an upper bound on the least one. Earlier positions whose rows cannot reach
+    ``value`` by the Lagrangian bound (``prices``, as in ``_search``) are ruled out at once; only
+    when one is left does the step solve a small MILP (highspy) for the least position, whose
+    solution becomes the incumbent. The bound only decides which steps need a MILP, never what a
+    step returns. None when the MILPs need more than ``node_budget`` branch-and-bound nodes in all: a
+    count of work, not of seconds, so whether the fallback succeeds does not depend on how busy the
+    machine is (a 2 s wall-clock budget did, D16)."""
     import highspy
     import numpy as np
 
+    price = prices or {}
+
+    def cost(mask: int) -> int:
+        total = 0
+        while mask:
+            low = mask & -mask
+            mask ^= low
+            total += price.get(low, 0)
+        return total
+
+    # Per app, (reduced weight, mask) best first: the bound's best row still disjoint from what is taken.
+    reduced = [sorted(((w - cost(mask), mask) for mask, w, _, _ in rows), reverse=True) for rows in comp.rows]
+    footprint = [0] * len(comp.rows)
+    for i, rows in enumerate(comp.rows):
+        for mask, _, _, _ in rows:
+            footprint[i] |= mask
+
+    def may_reach(rest: Sequence[int], taken: int, so_far: int) -> bool:
+        """Whether an allocation of ``rest`` disjoint from ``taken`` can add ``value - so_far``."""
+        free = 0
+        for j in rest:
+            free |= footprint[j]
+        total = so_far + cost(free & ~taken)
+        for j in rest:
+            for gain, mask in reduced[j]:
+                if gain <= 0:
+                    break
+                if not mask & taken:
+                    total += gain
+                    break
+        return total >= value
+
     left = node_budget
-    h = _new_highs()
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("mip_rel_gap", 0.0)
-    cols, by_app, by_gpu = _packing(comp)
-    n = len(cols)
-    h.addCols(n, np.zeros(n), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
-              np.array([], dtype=np.int32), np.array([], dtype=np.float64))
-    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.array([highspy.HighsVarType.kInteger] * n))
-    _add_at_most_one(h, np, list(by_app.values()) + list(by_gpu.values()))
-    weights = np.array([float(comp.rows[i][r][1]) for i, r in cols])
-    h.addRow(value - 0.5, np.inf, n, np.arange(n, dtype=np.int32), weights)  # worth the optimum
+    h = None
+    cols: list[tuple[int, int]] = []
+    by_app: dict[int, list[int]] = {}
+    n = 0
+    current = list(incumbent)
     choice = [-1] * len(comp.apps)
-    for i in _search_order(comp):
-        mine = by_app[i]
-        none = len(mine)
-        # minimise the position of i's row: sum_r r x_r + none (1 - sum_r x_r)
-        cost = np.zeros(n)
-        for r, c in enumerate(mine):
-            cost[c] = r - none
-        h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
-        if left <= 0:
-            return None
-        h.setOptionValue("mip_max_nodes", left)
-        h.run()
-        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            return None
-        left -= max(1, int(h.getInfo().mip_node_count))
-        values = h.getSolution().col_value
-        picked = next((r for r, c in enumerate(mine) if values[c] > 0.5), -1)
-        choice[i] = picked
-        lo = np.zeros(len(mine))
-        hi = np.zeros(len(mine))
-        if picked >= 0:
-            lo[picked] = hi[picked] = 1.0
-        h.changeColsBounds(len(mine), np.array(mine, dtype=np.int32), lo, hi)
+    order = _search_order(comp)
+    taken = fixed_value = 0
+    for k, i in enumerate(order):
+        rest = order[k + 1:]
+        rows = comp.rows[i]
+        upper = current[i] if current[i] >= 0 else len(rows)
+        open_ = any(not rows[r][0] & taken and may_reach(rest, taken | rows[r][0], fixed_value + rows[r][1])
+                    for r in range(upper))
+        if open_:
+            if h is None:  # the first step that needs a MILP builds it, with the fixes so far
+                h = _new_highs()
+                h.setOptionValue("threads", 1)
+                h.setOptionValue("mip_rel_gap", 0.0)
+                cols, by_app, by_gpu = _packing(comp)
+                n = len(cols)
+                h.addCols(n, np.zeros(n), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
+                          np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+                h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                                        np.array([highspy.HighsVarType.kInteger] * n))
+                _add_at_most_one(h, np, list(by_app.values()) + list(by_gpu.values()))
+                weights = np.array([float(comp.rows[a][r][1]) for a, r in cols])
+                h.addRow(value - 0.5, np.inf, n, np.arange(n, dtype=np.int32), weights)  # worth the optimum
+                for j in order[:k]:
+                    _fix(h, np, by_app[j], choice[j])
+            mine = by_app[i]
+            none = len(mine)
+            # minimise the position of i's row: sum_r r x_r + none (1 - sum_r x_r)
+            objective = np.zeros(n)
+            for r, c in enumerate(mine):
+                objective[c] = r - none
+            h.changeColsCost(n, np.arange(n, dtype=np.int32), objective)
+            if left <= 0:
+                return None
+            h.setOptionValue("mip_max_nodes", left)
+            h.run()
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+                return None
+            left -= max(1, int(h.getInfo().mip_node_count))
+            values = h.getSolution().col_value
+            current = [-1] * len(comp.apps)
+            for c, (a, r) in enumerate(cols):
+                if values[c] > 0.5:
+                    current[a] = r
+        choice[i] = current[i]
+        if choice[i] >= 0:
+            taken |= rows[choice[i]][0]
+            fixed_value += rows[choice[i]][1]
+        if h is not None:
+            _fix(h, np, by_app[i], choice[i])
     return choice
+
+
+def _fix(h: Any, np: Any, mine: list[int], picked: int) -> None:
+    """Fix an app's columns in the fixing MILP: row ``picked`` chosen (or none when -1)."""
+    lo = np.zeros(len(mine))
+    hi = np.zeros(len(mine))
+    if picked >= 0:
+        lo[picked] = hi[picked] = 1.0
+    h.changeColsBounds(len(mine), np.array(mine, dtype=np.int32), lo, hi)
 
 
 def _lp_prices(comp: _Component) -> dict[int, int]:
@@ -627,7 +696,7 @@ class _ComponentSolver:
             canonical = _search(self.comp, None, None, _CANONICAL_NODES, target=value, prices=self.prices)
             if canonical is not None:
                 return canonical
-            fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_NODES)
+            fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_NODES, choice, self.prices)
             if fixed is not None and _value(self.comp, fixed) == value and self._feasible(fixed):
                 return value, fixed
             self.canonical = False

@@ -432,6 +432,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     async def run_round(self) -> RoundResult:
         started = time.perf_counter()
+        phases = {"reports_s": 0.0, "bids_s": 0.0, "allocation_s": 0.0}
         await self._engine_free()
         now = self.clock()
         rnd = self.engine.open_round(now)
@@ -449,7 +450,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     continue
                 asked[request.app] = self._expect(rnd.round_id, request.app, "report")
                 conn.send(pb.ArbiterMessage(rho_request=wire.rho_request_pb(request, deadline)))
+            phase = time.perf_counter()
             reports = await self._gather(asked, deadline)  # each checked (rnd.report) as it arrived
+            phases["reports_s"] = time.perf_counter() - phase
             for app in set(asked) - set(reports):
                 rnd.note_failure(app, self._bad.get((rnd.round_id, app, "report"), "no rho report before the deadline"))
             offers = rnd.offers()
@@ -462,7 +465,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     continue
                 waiting[app] = self._expect(rnd.round_id, app, "bid")
                 conn.send(pb.ArbiterMessage(offer=wire.offer_pb(replace(offer, deadline=deadline))))
+            phase = time.perf_counter()
             bids = await self._gather(waiting, deadline)
+            phases["bids_s"] = time.perf_counter() - phase
             for app, table in bids.items():
                 try:
                     rnd.bid(app, table)
@@ -476,6 +481,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             self._allocating = True
             self._allocated.clear()
             allocation = asyncio.ensure_future(asyncio.to_thread(rnd.close))
+            phase = time.perf_counter()
             try:
                 result = await asyncio.shield(allocation)
             except asyncio.CancelledError:
@@ -485,6 +491,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     await allocation
                 raise
             finally:
+                phases["allocation_s"] = time.perf_counter() - phase
                 self._allocating = False
                 self._frozen = None
                 self._allocated.set()
@@ -505,7 +512,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 self._round = None
                 self._run_deferred()
         latency = time.perf_counter() - started
-        summary = _summary(result, latency)
+        summary = _summary(result, latency) | phases
         try:
             self.journal(result, summary)
         except Exception:  # e.g. disk full: agents must still hear what memory now says they hold
@@ -1016,7 +1023,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 round_id=s["round_id"], now=s["now"], offered=s["offered"], bidders=s["bidders"],
                 rejected=s["rejected"], granted=s["granted"], idle=s["idle"], latency_s=s["latency_s"],
                 rho={a: (math.inf if r is None else r) for a, r in s["rho"].items()},
-                expired=s.get("expired", 0), moved=s.get("moved", 0)))
+                expired=s.get("expired", 0), moved=s.get("moved", 0), reports_s=s.get("reports_s", 0.0),
+                bids_s=s.get("bids_s", 0.0), allocation_s=s.get("allocation_s", 0.0)))
         return pb.RoundList(rounds=rounds)
 
     async def UpdateSettings(self, request: pb.SettingsUpdate, context) -> pb.Settings:

@@ -392,6 +392,8 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
                            for src in ("auction", "queue", "leftover", "policy")},
         "big_rounds": {"n": len(big), "expired_min": MASS_EXPIRY, "server_latency_s": stats([r.latency_s for r in big]),
                        "bidders": stats([len(r.bidders) for r in big]),
+                       "reports_s": stats([r.reports_s for r in big]), "bids_s": stats([r.bids_s for r in big]),
+                       "allocation_s": stats([r.allocation_s for r in big]),
                        "auction_gpus": sum(by_source.get(r.round_id, {}).get("auction", 0) for r in big),
                        "queue_gpus": sum(by_source.get(r.round_id, {}).get("queue", 0) for r in big),
                        "leftover_gpus": sum(by_source.get(r.round_id, {}).get("leftover", 0) for r in big)},
@@ -415,7 +417,9 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         "agent_releases": sum(w["releases"] for w in results),
         "agent_report_ms": stats(compute["rho_request"]),
         "agent_bid_ms": stats(compute["offer"]),
+        "phases_s": {name: stats([getattr(r, name) for r in rounds]) for name in ("reports_s", "bids_s", "allocation_s")},
         "rounds_detail": [{"round_id": r.round_id, "now": r.now, "latency_s": r.latency_s, "asked": len(r.rho),
+                           "reports_s": r.reports_s, "bids_s": r.bids_s, "allocation_s": r.allocation_s,
                            "expired": r.expired,
                            "bidders": len(r.bidders), "offered": r.offered, "granted": sum(r.granted.values()),
                            "agent_latency_s": last_grant.get(r.round_id), "by_source": by_source.get(r.round_id, {})}

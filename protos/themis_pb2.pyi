@@ -373,7 +373,7 @@ class RoundHistoryRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round_id", "now", "offered", "bidders", "rejected", "granted", "idle", "latency_s", "rho", "expired", "moved")
+    __slots__ = ("round_id", "now", "offered", "bidders", "rejected", "granted", "idle", "latency_s", "rho", "expired", "moved", "reports_s", "bids_s", "allocation_s")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -406,6 +406,9 @@ class RoundSummary(_message.Message):
     RHO_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_S_FIELD_NUMBER: _ClassVar[int]
+    BIDS_S_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_S_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     now: float
     offered: int
@@ -417,7 +420,10 @@ class RoundSummary(_message.Message):
     rho: _containers.ScalarMap[str, float]
     expired: int
     moved: int
-    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., offered: _Optional[int] = ..., bidders: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Mapping[str, str]] = ..., granted: _Optional[_Mapping[str, int]] = ..., idle: _Optional[int] = ..., latency_s: _Optional[float] = ..., rho: _Optional[_Mapping[str, float]] = ..., expired: _Optional[int] = ..., moved: _Optional[int] = ...) -> None: ...
+    reports_s: float
+    bids_s: float
+    allocation_s: float
+    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., offered: _Optional[int] = ..., bidders: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Mapping[str, str]] = ..., granted: _Optional[_Mapping[str, int]] = ..., idle: _Optional[int] = ..., latency_s: _Optional[float] = ..., rho: _Optional[_Mapping[str, float]] = ..., expired: _Optional[int] = ..., moved: _Optional[int] = ..., reports_s: _Optional[float] = ..., bids_s: _Optional[float] = ..., allocation_s: _Optional[float] = ...) -> None: ...
 
 class RoundList(_message.Message):
     __slots__ = ("rounds",)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 import json
 import math
 import random
@@ -305,6 +307,30 @@ def test_fixing_app_by_app_returns_the_canonical_allocation_within_its_node_budg
     given_up = run_auction(offered, bids, seed=1)
     assert not given_up.canonical
     assert len(given_up.pf) == len(searched.pf)  # still an optimum: as many served
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fixing_returns_the_canonical_allocation_from_any_optimal_incumbent(seed):
+    """The fixing steps start from the MILP's optimum and skip a step when the Lagrangian bound rules
+    out every earlier row (D16). Whichever optimum they start from -- every optimal allocation of a
+    tied instance, found by brute force -- they must end at the first optimum of the search."""
+    import arbiter.auction as auction
+
+    offered, bids = _tied_instance(apps=4 + seed % 2, machines=3 + seed % 2, seed=seed)
+    gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
+    weighted = auction._weighted(auction._log_values(bids, gpu_bit))
+    (comp,) = auction._components(weighted)
+    value, canonical = auction._search(comp, None)
+    optima = []
+    for choice in itertools.product(*[range(-1, len(rows)) for rows in comp.rows]):
+        masks = [comp.rows[i][r][0] for i, r in enumerate(choice) if r >= 0]
+        disjoint = sum(masks) == functools.reduce(operator.or_, masks, 0)
+        if disjoint and auction._value(comp, choice) == value:
+            optima.append(list(choice))
+    assert len(optima) > 1  # the instance has ties, so the incumbent matters
+    for prices in (None, auction._lp_prices(comp)):
+        for incumbent in optima:
+            assert auction._canonical_by_fixing(comp, value, 10**6, incumbent, prices) == canonical
 
 
 def test_the_canonical_allocation_does_not_depend_on_the_order_bids_are_listed():
