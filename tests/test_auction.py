@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import operator
 import json
 import math
+import operator
 import random
 from pathlib import Path
 
