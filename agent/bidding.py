@@ -36,8 +36,11 @@ in a small offer: at most 272 rows for a demand of 16 and 302 for any demand up 
 
 from __future__ import annotations
 
+import functools
+import heapq
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 
 from agent.appsched import AppScheduler
 from agent.fairness import TimeLeftCache, finish_time_fairness
@@ -110,22 +113,51 @@ class _OfferShape:
         return out
 
 
-def _ranked(containers: Mapping, need: int, near: set, key_of, salt: str = "", alternatives: int = 1) -> list:
+_last_shape: tuple = (None, None)  # (the offer's read-only GPU mapping, its _OfferShape)
+
+
+def _offer_shape(gpus: Mapping[str, Position]) -> _OfferShape:
+    """The offer's shape, built once per round: a round hands every bidder the same read-only
+    mapping of its free GPUs (``types.MappingProxyType``), so the shape built for one bidder serves
+    the others. A mutable mapping could change between calls and is shaped each time."""
+    global _last_shape
+    if not isinstance(gpus, MappingProxyType):
+        return _OfferShape(gpus)
+    last = _last_shape
+    if last[0] is gpus:
+        return last[1]
+    shape = _OfferShape(gpus)
+    _last_shape = (gpus, shape)
+    return shape
+
+
+def _ranked(containers: Mapping, need: int, rank: Mapping, alternatives: int = 1) -> list:
     """Up to ``alternatives`` containers with room for ``need`` (D7, D19): the best one -- next to
     held GPUs, then the tightest fit -- and after it the others next to held GPUs, then the rest in
-    the app's own order (a hash of ``salt`` and the container), whatever their fit. Ranking every
-    alternative by fit made all apps name the same few containers whenever one fit was tighter
-    than the rest (D19)."""
+    the app's own order, whatever their fit. ``rank`` gives each container (not near, the app's
+    hash of it, the container): ``_rank``. Ranking every alternative by fit made all apps name the
+    same few containers whenever one fit was tighter than the rest (D19)."""
     fits = [c for c, free in containers.items() if free >= need]
     if not fits or alternatives < 1:
         return []
-    best = min(fits, key=lambda c: (key_of(c) not in near, containers[c], _mix(salt, c), c))
-    rest = sorted((c for c in fits if c != best), key=lambda c: (key_of(c) not in near, _mix(salt, c), c))
-    return [best, *rest[: alternatives - 1]]
+    best = min(fits, key=lambda c: (rank[c][0], containers[c], rank[c][1], c))
+    if alternatives == 1:
+        return [best]
+    rest = heapq.nsmallest(alternatives - 1, (c for c in fits if c != best), key=rank.__getitem__)
+    return [best, *rest]
 
 
-def _mix(salt: str, container) -> int:
-    return zlib.crc32(f"{salt}|{container}".encode()) if salt else 0
+def _rank(containers: Iterable, near: set, key_of: Callable, salt: str) -> dict:
+    """Each container's place in the app's own order (D19): (not next to held GPUs, a hash of the
+    salt and the container, the container). Computed once per level and bid, not per GPU count."""
+    start = zlib.crc32(f"{salt}|".encode()) if salt else None
+    return {c: (key_of(c) not in near, 0 if start is None else zlib.crc32(_label(c), start), c) for c in containers}
+
+
+@functools.lru_cache(maxsize=65536)
+def _label(container) -> bytes:
+    """A container's bytes for the hash: crc32 of salt + "|" + label, continued from the salt's."""
+    return f"{container}".encode()
 
 
 def candidate_sets(
@@ -142,7 +174,7 @@ def candidate_sets(
     ``previous`` are the app's GPUs whose lease ran out at this round: winning them back keeps its
     jobs running without a restart (D10, D11), so for each count they come first, as a candidate of
     their own, and their machines and racks count as near."""
-    shape = _OfferShape(offer_gpus)
+    shape = _offer_shape(offer_gpus)
     mine = {g: p for g, p in (previous or {}).items() if g in offer_gpus}
     near_machines = {p[:2] for p in held.values()} | {p[:2] for p in mine.values()}
     near_racks = {p[0] for p in held.values()} | {p[0] for p in mine.values()}
@@ -157,17 +189,20 @@ def candidate_sets(
             seen.add(fs)
             out.append(fs)
 
+    slot_rank = _rank(slot_free, near_machines, lambda s: s[:2], salt)
+    machine_rank = _rank(shape.machine_free, near_machines, lambda m: m, salt)
+    rack_rank = _rank(shape.rack_free, near_racks, lambda r: r, salt)
     total = len(offer_gpus)
     for k in counts:
         if k > total:
             break
         if mine_shape is not None and k <= len(mine):
             add(mine_shape.pick_spread(k))
-        for s in _ranked(slot_free, k, near_machines, lambda s: s[:2], salt, alternatives):
+        for s in _ranked(slot_free, k, slot_rank, alternatives):
             add(shape.slots[s][:k])
-        for m in _ranked(shape.machine_free, k, near_machines, lambda m: m, salt, alternatives):
+        for m in _ranked(shape.machine_free, k, machine_rank, alternatives):
             add(shape.pick_machine(m, k))
-        for r in _ranked(shape.rack_free, k, near_racks, lambda r: r, salt, alternatives):
+        for r in _ranked(shape.rack_free, k, rack_rank, alternatives):
             add(shape.pick_rack(r, k))
             fragments = shape.pick_rack(r, k, below=k)
             if len(fragments) == k:

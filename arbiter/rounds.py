@@ -22,6 +22,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, validate_bid
@@ -490,7 +491,8 @@ class OpenRound:
             self._ranked = len(unmet)
             chosen = self.policy.bidders({a: self._reports[a].rho for a in unmet}, ctx)
             cluster = self.engine.cluster
-            gpus = {g: cluster.position(g) for g in sorted(self.free)}
+            # one read-only mapping for every bidder: agents in this process shape it once (D7)
+            gpus = MappingProxyType({g: cluster.position(g) for g in sorted(self.free)})
             self._offers = {
                 app: Offer(
                     self.round_id,

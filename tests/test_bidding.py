@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
+from types import MappingProxyType
 
 import pytest
 
@@ -155,3 +157,37 @@ def test_apps_alternatives_spread_over_containers_when_one_fits_tighter():
         assert frozenset([tightest]) in sets  # the best fit is still every app's first choice
         singles |= {g for s in sets for g in s}
     assert len(singles) >= 14  # 18 now; ranked by fit alone, all twenty named the same 8
+
+
+def test_an_apps_own_order_is_the_crc_of_its_name_and_the_container():
+    """D19's order after the best fit is pinned, so runs stay reproducible across versions: the
+    alternatives are the containers with the smallest crc32 of "<app name>|<container>". (The bid
+    code computes the crc continued from the name's, once per container and bid; this checks it
+    against the plain formula.) Machines of 8 free GPUs, none held: the tightest fit for 8 GPUs is
+    any of them, so the best is the app's first machine in that order too."""
+    machines = sorted(m for m, gs in CLUSTER.machines.items() if len(gs) == 8)
+    offer = {g: CLUSTER.position(g) for m in machines for g in CLUSTER.machines[m]}
+    for app in ("app0", "syn-0042", "ß-üñí"):
+        by_hash = sorted(machines, key=lambda m: (zlib.crc32(f"{app}|{CLUSTER.position(CLUSTER.machines[m][0])[:2]}"
+                                                             .encode()), m))
+        sets = [s for s in candidate_sets(offer, {}, [8], alternatives=3, salt=app)
+                if len({CLUSTER.position(g)[:2] for g in s}) == 1][:3]  # the machine level's rows
+        assert [next(iter({CLUSTER.position(g)[:2] for g in s})) for s in sets] == \
+            [CLUSTER.position(CLUSTER.machines[m][0])[:2] for m in by_hash[:3]]
+
+
+def test_one_read_only_offer_is_shaped_once_and_a_mutable_one_every_time():
+    """A round hands every bidder one read-only mapping (MappingProxyType), so the offer's shape is
+    built once and reused; a plain dict may change between calls, so it is never reused."""
+    free = sorted(CLUSTER.gpu_ids)[:40]
+    plain = {g: CLUSTER.position(g) for g in free}
+    shared = MappingProxyType(dict(plain))
+    for k in range(5):  # the same rows from the shared mapping as from a fresh copy
+        assert candidate_sets(shared, {}, [1, 2, 4], salt=f"a{k}") == candidate_sets(dict(plain), {}, [1, 2, 4],
+                                                                                     salt=f"a{k}")
+    candidate_sets(plain, {}, [1, 2, 4], salt="a")
+    gone = free[:20]
+    for g in gone:
+        del plain[g]
+    after = candidate_sets(plain, {}, [1, 2, 4], salt="a")
+    assert after and not {g for s in after for g in s} & set(gone)
