@@ -156,7 +156,8 @@ def _rank(containers: Iterable, near: set, key_of: Callable, salt: str) -> dict:
 
 @functools.lru_cache(maxsize=65536)
 def _label(container) -> bytes:
-    """A container's bytes for the hash: crc32 of salt + "|" + label, continued from the salt's."""
+    """A container's bytes in D19's hash, crc32 of "<salt>|<container>", which ``_rank`` continues
+    from the crc of "<salt>|" so the salt is hashed once per bid."""
     return f"{container}".encode()
 
 

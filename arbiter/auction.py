@@ -223,6 +223,16 @@ def _components(rows: Mapping[str, list[Row]]) -> list[_Component]:
     return [_Component(g, [rows[a] for a in g]) for g in groups.values()]
 
 
+def _priced(mask: int, price: Mapping[int, int]) -> int:
+    """The sum of the GPU prices (by GPU bit) over ``mask``: the Lagrangian bound's unit."""
+    total = 0
+    while mask:
+        low = mask & -mask
+        mask ^= low
+        total += price.get(low, 0)
+    return total
+
+
 class _SearchTooLong(Exception):
     pass
 
@@ -254,24 +264,15 @@ def _search(
     """
     n = len(comp.apps)
     order = _search_order(comp, skip)
-    rows = [[(mask, w, r) for r, (mask, w, _, _) in enumerate(comp.rows[i])] for i in order]
     price = prices or {}
-
-    def cost(mask: int) -> int:
-        total = 0
-        while mask:
-            low = mask & -mask
-            mask ^= low
-            total += price.get(low, 0)
-        return total
-
+    rows = [[(mask, w, r, _priced(mask, price)) for r, (mask, w, _, _) in enumerate(comp.rows[i])] for i in order]
     # Per app, its rows by reduced weight (weight minus prices), best first, for the bound.
-    reduced = [sorted(((w - cost(mask), mask) for mask, w, _ in app_rows), reverse=True) for app_rows in rows]
+    reduced = [sorted(((w - priced, mask) for mask, w, _, priced in app_rows), reverse=True) for app_rows in rows]
     everything = 0
     for app_rows in rows:
-        for mask, _, _ in app_rows:
+        for mask, _, _, _ in app_rows:
             everything |= mask
-    priced_total = cost(everything)
+    priced_total = _priced(everything, price)
     if target is not None:
         best_value, best_choice = target - 1, None
     elif start is not None:
@@ -282,7 +283,7 @@ def _search(
         # optimum in search order to be found (D16), and a good one cuts most branches early.
         taken, greedy = 0, 0
         for app_rows in rows:
-            for mask, w, _ in app_rows:
+            for mask, w, _, _ in app_rows:
                 if not mask & taken:
                     taken |= mask
                     greedy += w
@@ -320,10 +321,10 @@ def _search(
         if value + bound(k, used, priced_used) <= best_value:
             return
         i = order[k]
-        for mask, w, r in rows[k]:
+        for mask, w, r, priced in rows[k]:
             if not mask & used:
                 choice[i] = r
-                walk(k + 1, used | mask, priced_used + cost(mask), value + w)
+                walk(k + 1, used | mask, priced_used + priced, value + w)
         choice[i] = -1
         walk(k + 1, used, priced_used, value)
 
@@ -422,17 +423,9 @@ def _canonical_by_fixing(
     import numpy as np
 
     price = prices or {}
-
-    def cost(mask: int) -> int:
-        total = 0
-        while mask:
-            low = mask & -mask
-            mask ^= low
-            total += price.get(low, 0)
-        return total
-
     # Per app, (reduced weight, mask) best first: the bound's best row still disjoint from what is taken.
-    reduced = [sorted(((w - cost(mask), mask) for mask, w, _, _ in rows), reverse=True) for rows in comp.rows]
+    reduced = [sorted(((w - _priced(mask, price), mask) for mask, w, _, _ in rows), reverse=True)
+               for rows in comp.rows]
     footprint = [0] * len(comp.rows)
     for i, rows in enumerate(comp.rows):
         for mask, _, _, _ in rows:
@@ -443,7 +436,7 @@ def _canonical_by_fixing(
         free = 0
         for j in rest:
             free |= footprint[j]
-        total = so_far + cost(free & ~taken)
+        total = so_far + _priced(free & ~taken, price)
         for j in rest:
             for gain, mask in reduced[j]:
                 if gain <= 0:
