@@ -452,7 +452,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 conn.send(pb.ArbiterMessage(rho_request=wire.rho_request_pb(request, deadline)))
             phase = time.perf_counter()
             reports = await self._gather(asked, deadline)  # each checked (rnd.report) as it arrived
-            phases["reports_s"] = time.perf_counter() - phase
+            if asked:  # 0 when nobody was asked: nothing was waited for
+                phases["reports_s"] = time.perf_counter() - phase
             for app in set(asked) - set(reports):
                 rnd.note_failure(app, self._bad.get((rnd.round_id, app, "report"), "no rho report before the deadline"))
             offers = rnd.offers()
@@ -467,7 +468,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 conn.send(pb.ArbiterMessage(offer=wire.offer_pb(replace(offer, deadline=deadline))))
             phase = time.perf_counter()
             bids = await self._gather(waiting, deadline)
-            phases["bids_s"] = time.perf_counter() - phase
+            if waiting:
+                phases["bids_s"] = time.perf_counter() - phase
             for app, table in bids.items():
                 try:
                     rnd.bid(app, table)

@@ -70,9 +70,10 @@ def run_cell(gpus: int, apps: int, policy: str, timeout: float, folder: Path) ->
     cmd = [sys.executable, "-m", "simulator", "run", "--cluster", cluster_file(gpus, folder), "--workload",
            "synthetic", "--workload-knob", f"apps={apps}", "--workload-knob", f"cluster_gpus={gpus}",
            "--workload-knob", "load=0.8", "--policy", policy, "--seed", "0", "--out", str(out)]
+    errors = folder / f"{policy}-{gpus}x{apps}.stderr"  # a file, not a pipe: nobody reads it while it runs
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    with errors.open("wb") as err_file:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     finished = True
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -85,13 +86,12 @@ def run_cell(gpus: int, apps: int, policy: str, timeout: float, folder: Path) ->
             break
         time.sleep(0.2)
     wall = time.monotonic() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    code = os.waitstatus_to_exitcode(status)
     cell: dict[str, Any] = {"gpus": gpus, "apps": apps, "policy": policy, "finished": finished,
                             "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall,
                             "peak_rss_mb": usage.ru_maxrss / 1024}
-    if finished and proc.returncode != 0:
-        raise SystemExit(f"{policy} {gpus}x{apps} failed ({proc.returncode}):\n{err[-2000:]}")
+    if finished and code != 0:
+        raise SystemExit(f"{policy} {gpus}x{apps} failed ({code}):\n{errors.read_text(errors='replace')[-2000:]}")
     if finished:
         summary = json.loads((out / "summary.json").read_text())
         cell |= {k: summary[k] for k in ("rounds", "auctions", "noncanonical_auctions", "max_rho", "jain_rho",
