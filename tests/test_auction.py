@@ -238,12 +238,22 @@ def test_the_node_limited_search_agrees_with_brute_force(instance, seed, force_s
     assert outcome.solves == 0
 
 
-@pytest.fixture
-def force_milp(monkeypatch):
+@pytest.fixture(params=["relaxation first", "milp only"])
+def force_milp(request, monkeypatch):
+    """The MILP path, with LP relaxations settling what they can (the default) or never."""
     import arbiter.auction as auction
 
     monkeypatch.setattr(auction, "_ENUMERATION_LIMIT", 0)
     monkeypatch.setattr(auction, "_SEARCH_NODES", 0)
+    if request.param == "milp only":
+        _no_relaxation(monkeypatch)
+
+
+def _no_relaxation(monkeypatch):
+    """Every LP relaxation undecided, so each solve and fixing step goes to its MILP."""
+    import arbiter.auction as auction
+
+    monkeypatch.setattr(auction._Relaxation, "solve", lambda self: (math.inf, None))
 
 
 @pytest.fixture
@@ -304,6 +314,7 @@ def test_fixing_app_by_app_returns_the_canonical_allocation_within_its_node_budg
     fixed = run_auction(offered, bids, seed=1)
     assert fixed.canonical and fixed.pf == searched.pf and fixed.hidden_payment == searched.hidden_payment
     monkeypatch.setattr(auction, "_CANONICAL_FIXING_NODES", 0)
+    _no_relaxation(monkeypatch)  # the budget counts MILP nodes; steps an LP settles cost none
     given_up = run_auction(offered, bids, seed=1)
     assert not given_up.canonical
     assert len(given_up.pf) == len(searched.pf)  # still an optimum: as many served
@@ -328,9 +339,56 @@ def test_fixing_returns_the_canonical_allocation_from_any_optimal_incumbent(seed
         if disjoint and auction._value(comp, choice) == value:
             optima.append(list(choice))
     assert len(optima) > 1  # the instance has ties, so the incumbent matters
-    for prices in (None, auction._lp_prices(comp)):
+    for prices in (None, auction._lp_prices(comp)[0]):
         for incumbent in optima:
             assert auction._canonical_by_fixing(comp, value, 10**6, incumbent, prices) == canonical
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lp_relaxations_settle_solves_and_fixing_steps_without_changing_the_outcome(seed, monkeypatch):
+    """An integral LP relaxation that reaches the LP bound is a MILP optimum, and one below the
+    optimum rules a fixing step's row out: the re-solves for c_i and D16's fixing steps use both
+    before any MILP. The outcome is the same as with every relaxation left undecided."""
+    import arbiter.auction as auction
+
+    offered, bids = _tied_instance(apps=5 + seed % 3, machines=4 + seed % 2, seed=seed)
+    searched = run_auction(offered, bids, seed=1)
+    monkeypatch.setattr(auction, "_ENUMERATION_LIMIT", 0)
+    monkeypatch.setattr(auction, "_SEARCH_NODES", 0)
+    monkeypatch.setattr(auction, "_CANONICAL_NODES", 0)
+    settled = []
+    solve = auction._Relaxation.solve
+
+    def counting(self):
+        bound, choice = solve(self)
+        settled.append(choice is not None)
+        return bound, choice
+
+    monkeypatch.setattr(auction._Relaxation, "solve", counting)
+    relaxed = run_auction(offered, bids, seed=1)
+    assert any(settled)
+    _no_relaxation(monkeypatch)
+    milp = run_auction(offered, bids, seed=1)
+    for outcome in (relaxed, milp):
+        assert outcome.canonical
+        assert (outcome.pf, outcome.hidden_payment, outcome.granted) == (searched.pf, searched.hidden_payment,
+                                                                         searched.granted)
+
+
+def test_a_fractional_relaxation_is_left_to_the_milp():
+    """Three apps, each wanting two of three GPUs (an odd cycle): the LP relaxation takes half of
+    every row, worth one and a half rows, which no allocation reaches; the MILP serves one app."""
+    import arbiter.auction as auction
+
+    gpus = ["r0-m0-g0", "r0-m0-g1", "r0-m0-g2"]
+    bids = {f"app{k}": BidTable(math.inf, ((frozenset({gpus[k], gpus[(k + 1) % 3]}), 1.0),)) for k in range(3)}
+    gpu_bit = {g: 1 << k for k, g in enumerate(gpus)}
+    (comp,) = auction._components(auction._weighted(auction._log_values(bids, gpu_bit)))
+    bound, choice = auction._Relaxation(comp).solve()
+    assert choice is None
+    best = auction._HighsModel(comp).solve(None)
+    assert sum(r >= 0 for r in best) == 1
+    assert bound > auction._value(comp, best) * 1.4
 
 
 def test_the_canonical_allocation_does_not_depend_on_the_order_bids_are_listed():

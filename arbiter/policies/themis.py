@@ -86,6 +86,8 @@ class ThemisPolicy(Policy):
             raise ValueError(f"max_contenders must be at least 1 (or None for no cap), got {max_contenders}")
         self.fairness_knob = fairness_knob
         self.solver = solver
+        if solver == "highs":
+            import highspy  # noqa: F401 -- loaded now (0.1 s), not in the first big round's auction
         self.fill = fill
         self.max_contenders = max_contenders
 
