@@ -578,21 +578,28 @@ def _lp_prices(comp: _Component) -> tuple[dict[int, int], list[int] | None]:
             out[gpu] = p
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return out, None
-    values = solution.col_value
+    return out, _integral_optimum(comp, cols, solution.col_value, h.getInfo().objective_function_value)
+
+
+def _integral_optimum(comp: _Component, cols: Sequence[tuple[int, int]], values: Sequence[float],
+                      bound: float) -> list[int] | None:
+    """An LP relaxation's solution as a choice, if it is integral, an allocation, and worth the LP
+    optimum ``bound`` within half a weight unit: then it is a MILP optimum (the weights are integers
+    and ``bound`` is an upper bound on every allocation). Else None."""
     if any(1e-6 < v < 1 - 1e-6 for v in values):
-        return out, None
+        return None
     choice = [-1] * len(comp.apps)
     used = 0
     for c, (i, r) in enumerate(cols):
         if values[c] > 0.5:
             mask = comp.rows[i][r][0]
             if mask & used or choice[i] >= 0:
-                return out, None
+                return None
             choice[i] = r
             used |= mask
-    if _value(comp, choice) + 0.5 < h.getInfo().objective_function_value:
-        return out, None
-    return out, choice
+    if abs(_value(comp, choice) - bound) > 0.5:
+        return None
+    return choice
 
 
 class _Relaxation:
@@ -624,7 +631,7 @@ class _Relaxation:
         self.lower, self.upper = np.zeros(n), np.ones(n)
 
     def set_bounds(self, count: int, idx: Any, lower: Any, upper: Any) -> None:
-        """highspy's ``changeColsBounds``, remembered: ``rounded`` must keep within the bounds."""
+        """highspy's ``changeColsBounds``, remembered: ``rounded`` must keep within them."""
         self.lower[idx], self.upper[idx] = lower, upper
         self.h.changeColsBounds(count, idx, lower, upper)
 
@@ -655,18 +662,12 @@ class _Relaxation:
         if h.getModelStatus() != self.ok:
             return math.inf, None
         bound = h.getInfo().objective_function_value
-        values = h.getSolution().col_value
-        if any(1e-6 < v < 1 - 1e-6 for v in values):
-            return bound, None
-        choice = self.rounded()
-        if abs(_value(self.comp, choice) - bound) > 0.5:
-            return bound, None
-        return bound, choice
+        return bound, _integral_optimum(self.comp, self.cols, h.getSolution().col_value, bound)
 
     def rounded(self) -> list[int]:
-        """An allocation near the last solution: rows by descending LP value (then weight), each
-        taken if its app has none yet and its GPUs are free. An integral solution comes back as it
-        is; a fractional one gives the MILP a good known value (``_HighsModel.solve``)."""
+        """An allocation near the last (fractional) solution, within the current bounds: rows by
+        descending LP value (then weight), each taken if its app has none yet and its GPUs are free.
+        Its value is the floor of ``_HighsModel.solve``'s reduced-cost fixing."""
         values = self.h.getSolution().col_value
         choice = [-1] * len(self.comp.apps)
         used = 0
@@ -703,7 +704,6 @@ class _HighsModel:
         h.setOptionValue("mip_heuristic_run_rens", False)
         h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
                                 np.array([highspy.HighsVarType.kInteger] * n))
-        self.relaxed = 0
 
     def _bound(self, skip: int | None, upper: float) -> None:
         np = self.np
@@ -730,7 +730,6 @@ class _HighsModel:
         try:
             bound, choice = self.lp.solve()
             if choice is not None:
-                self.relaxed += 1
                 return choice
             if bound < math.inf:
                 floor = max(_value(self.lp.comp, self.lp.rounded()), floor or 0)
@@ -813,8 +812,8 @@ class _ComponentSolver:
         self.solves = 0
         self.canonical = True
         self._lock = threading.Lock()
-        self.prices, self.relaxed = (None, None) if self.enumerate or len(comp.apps) == 1 else _lp_prices(comp)
-        if self.relaxed is not None and size > _SEARCH_NODES:
+        self.prices, self.lp_optimum = (None, None) if self.enumerate or len(comp.apps) == 1 else _lp_prices(comp)
+        if self.lp_optimum is not None and size > _SEARCH_NODES:
             # The PF relaxation is integral and the search might not finish: the LP (``_HighsModel``)
             # likely settles the re-solves too, at a few milliseconds each.
             self.searchable = False
@@ -841,8 +840,8 @@ class _ComponentSolver:
             if found is not None:
                 return found
             self.searchable = False
-        if skip is None and start is None and self.relaxed is not None:
-            choice = self.relaxed
+        if skip is None and start is None and self.lp_optimum is not None:
+            choice = self.lp_optimum
         else:
             choice = self._milp(skip, None if start is None else _value(self.comp, start, skip))
         value = _value(self.comp, choice)
