@@ -32,6 +32,10 @@ from simulator.apps import SimCurveStoppingApp, SimSuccessiveHalvingApp, build_a
 from simulator.workload import AppSpec, Workload
 
 DEFAULT_RESTART_S = 35.0  # D11, paper 6.2.3
+#: Why a job restarted, by what happened to its app's GPUs as they were re-split (issue 13, item 5):
+#: the app gained GPUs and lost none, lost some and gained none, kept exactly the same ones (its
+#: jobs or their shares changed), or lost some and gained others.
+RESTART_CAUSES = ("grew", "shrank", "resplit", "moved")
 _EPS = 1e-6
 
 
@@ -59,6 +63,7 @@ class AppRun:
     busy_gpu_seconds: float = 0.0  # GPU-seconds on which a job ran
     scored: float = 0.0  # sum of busy GPU-seconds / S
     restarts: int = 0
+    restarts_by: dict[str, int] = field(default_factory=dict)  # by cause, RESTART_CAUSES
     next_checkpoint: dict[str, float] = field(default_factory=dict)
     auction_wins: int = 0  # rounds in which the auction's PF gave it a row (D8)
     kept_sum: float = 0.0  # sum of its c_i over those rounds: 1 - c_i was its hidden payment
@@ -180,6 +185,9 @@ class Simulation:
         more GPU each costs more than it gains near the end of a phase."""
         run = self.runs[name]
         held = set(self.engine.held(name))
+        before = {g for jr in run.jobs.values() for g in jr.gpus}
+        cause = ("resplit" if held == before else "grew" if held > before else "shrank" if held < before
+                 else "moved")
         jobs = self._current_jobs(run.app)
         targets = self._targets(run, jobs, len(held))
         if self.restart_s and len(held) >= len(jobs):
@@ -216,6 +224,7 @@ class Simulation:
                     jr.ready_at = self.now + self.restart_s
                     jr.restarts += 1
                     run.restarts += 1
+                    run.restarts_by[cause] = run.restarts_by.get(cause, 0) + 1
                 elif gpus:
                     jr.ready_at = self.now
                 jr.gpus = gpus

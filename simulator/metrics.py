@@ -5,12 +5,12 @@ Per app: rho = (finish - arrival) / T_id with N_avg over the app's life (D5); th
 contention-normalised ``rho_share`` = (finish - arrival) / (time on a dedicated 1/N_avg share of the
 cluster), which Shockwave and Gavel publish and which Eq. 1 understates for apps smaller than the
 cluster; the ideal time T_id; completion time, GPU time (GPU-seconds held), placement score (1/S
-averaged over the GPU time its jobs ran), restarts.
+averaged over the GPU time its jobs ran), restarts (and their causes, ``RESTART_CAUSES``).
 
 Per run: max / mean / median / p95 / p99 rho, max rho over apps whose ideal time is at least
 ``FLOOR_S`` (a one-minute app's rho is set by waiting for a round and a restart under any policy),
 Jain's index of rho, the same for rho_share, average and p95 completion time, total GPU time,
-makespan, utilization (GPU time / (cluster size x makespan)), restarts per job, rounds, auctions,
+makespan, utilization (GPU time / (cluster size x makespan)), restarts per job and by cause, rounds, auctions,
 the share of GPUs granted by the auction, by the reserve in rank order and by the random leftover
 in rounds with bidders (D8, D9, D14), auctions that were not canonical (D16), wall time.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.fairness import ideal_time
-from simulator.engine import SimulationResult, app_rho, share_time
+from simulator.engine import RESTART_CAUSES, SimulationResult, app_rho, share_time
 
 FLOOR_S = 600.0  # apps with an ideal time below this are left out of ``max_rho_floor``
 
@@ -65,6 +65,7 @@ def app_rows(result: SimulationResult) -> list[dict[str, Any]]:
                 "gpu_time_s": run.gpu_seconds,
                 "placement_score": run.scored / run.busy_gpu_seconds if run.busy_gpu_seconds else 1.0,
                 "restarts": run.restarts,
+                "restarts_by_cause": dict(run.restarts_by),
                 "auction_wins": run.auction_wins,
                 "mean_hidden_payment": 1 - run.kept_sum / run.auction_wins if run.auction_wins else 0.0,
             }
@@ -109,6 +110,7 @@ def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:
         "mean_placement_score": statistics.fmean(a["placement_score"] for a in apps) if apps else 1.0,
         "restarts": sum(a["restarts"] for a in apps),
         "restarts_per_job": sum(a["restarts"] for a in apps) / jobs if jobs else 0.0,
+        "restarts_by_cause": {cause: sum(a["restarts_by_cause"].get(cause, 0) for a in apps) for cause in RESTART_CAUSES},
         "rounds": result.rounds,
         "auctions": result.auctions,
         "noncanonical_auctions": result.noncanonical,

@@ -19,7 +19,7 @@ from arbiter.cluster import Cluster, cluster_from_mapping
 from arbiter.policies import POLICIES, make_policy
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.apps import STOP_TOLERANCE
-from simulator.engine import Simulation, SimulationResult, app_rho
+from simulator.engine import RESTART_CAUSES, Simulation, SimulationResult, app_rho
 from simulator.metrics import summarize
 from simulator.workload import AppSpec, JobSpec, Workload
 
@@ -284,7 +284,28 @@ def test_job_whose_gpu_set_grows_pays_one_restart(restart_s: float):
     (run,) = r.apps
     short_done = C + 100.0 * 2.0  # one GPU each
     assert run.restarts == 1
+    assert run.restarts_by == {"resplit": 1}  # the app's GPUs stayed the same; its jobs changed
     assert run.finished_at == pytest.approx(short_done + restart_s + (400.0 - 100.0) * 2.0 / 2)
+
+
+def test_restarts_are_counted_by_what_happened_to_the_apps_gpus():
+    """Issue 13, item 5: each restart is put down to its app's GPUs growing, shrinking, moving, or
+    staying the same while its jobs are re-split. An app that arrives to half a machine and takes
+    the rest when the other app ends restarts only because it grew; under short leases and
+    contention every restart has exactly one cause, and the summary adds them up."""
+    w = Workload("grow-app", (fixed_app("b", [("short", 100.0, 2.0, 2)]),
+                              fixed_app("a", [("long", 1000.0, 2.0, 4)], arrival=1.0)))
+    r = Simulation(machine(4, 4), w, make_policy("themis"), restart_s=35.0).run()
+    runs = {run.spec.app_id: run for run in r.apps}
+    assert runs["b"].restarts == 0 and runs["b"].restarts_by == {}
+    assert runs["a"].restarts >= 1 and runs["a"].restarts_by == {"grew": runs["a"].restarts}
+
+    r = Simulation(mixed_cluster(), contended(seed=3), make_policy("themis"), lease_s=100.0, restart_s=35.0).run()
+    assert all(sum(run.restarts_by.values()) == run.restarts for run in r.apps)
+    summary = summarize(r)
+    assert set(summary["restarts_by_cause"]) == set(RESTART_CAUSES)
+    assert sum(summary["restarts_by_cause"].values()) == summary["restarts"] > 0
+    assert sum(1 for n in summary["restarts_by_cause"].values() if n) >= 2
 
 
 def test_restart_delay_is_charged_exactly_when_a_jobs_gpus_change():
