@@ -840,7 +840,7 @@ class _ComponentSolver:
             if found is not None:
                 return found
             self.searchable = False
-        if skip is None and start is None and self.lp_optimum is not None:
+        if skip is None and start is None and self.lp_optimum is not None and self.backend == "highs":
             choice = self.lp_optimum
         else:
             choice = self._milp(skip, None if start is None else _value(self.comp, start, skip))

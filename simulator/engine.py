@@ -32,9 +32,9 @@ from simulator.apps import SimCurveStoppingApp, SimSuccessiveHalvingApp, build_a
 from simulator.workload import AppSpec, Workload
 
 DEFAULT_RESTART_S = 35.0  # D11, paper 6.2.3
-#: Why a job restarted, by what happened to its app's GPUs as they were re-split (issue 13, item 5):
-#: the app gained GPUs and lost none, lost some and gained none, kept exactly the same ones (its
-#: jobs or their shares changed), or lost some and gained others.
+#: Why a job restarted, by what happened to its app's GPUs since its jobs were last placed (issue
+#: 13, item 5): the app gained GPUs and lost none, lost some and gained none, kept exactly the same
+#: ones (its jobs or their shares changed), or lost some and gained others.
 RESTART_CAUSES = ("grew", "shrank", "resplit", "moved")
 _EPS = 1e-6
 
@@ -64,6 +64,7 @@ class AppRun:
     scored: float = 0.0  # sum of busy GPU-seconds / S
     restarts: int = 0
     restarts_by: dict[str, int] = field(default_factory=dict)  # by cause, RESTART_CAUSES
+    placed_on: frozenset[str] = frozenset()  # what it held when its jobs were last placed
     next_checkpoint: dict[str, float] = field(default_factory=dict)
     auction_wins: int = 0  # rounds in which the auction's PF gave it a row (D8)
     kept_sum: float = 0.0  # sum of its c_i over those rounds: 1 - c_i was its hidden payment
@@ -185,7 +186,7 @@ class Simulation:
         more GPU each costs more than it gains near the end of a phase."""
         run = self.runs[name]
         held = set(self.engine.held(name))
-        before = {g for jr in run.jobs.values() for g in jr.gpus}
+        before = run.placed_on
         cause = ("resplit" if held == before else "grew" if held > before else "shrank" if held < before
                  else "moved")
         jobs = self._current_jobs(run.app)
@@ -238,6 +239,7 @@ class Simulation:
         demand = run.app.demand_now()
         if pool and len(held) > demand:
             self.engine.release(name, pool, self.now)
+        run.placed_on = frozenset(self.engine.held(name))
         self.engine.set_demand(name, demand, self.now)
 
     def _progress(self, until: float) -> None:

@@ -250,10 +250,11 @@ def force_milp(request, monkeypatch):
 
 
 def _no_relaxation(monkeypatch):
-    """Every LP relaxation undecided, so each solve and fixing step goes to its MILP."""
+    """Every LP relaxation undecided (the PF's too), so each solve and fixing step goes to its MILP."""
     import arbiter.auction as auction
 
     monkeypatch.setattr(auction._Relaxation, "solve", lambda self: (math.inf, None))
+    monkeypatch.setattr(auction, "_integral_optimum", lambda *args: None)
 
 
 @pytest.fixture
@@ -373,6 +374,76 @@ def test_lp_relaxations_settle_solves_and_fixing_steps_without_changing_the_outc
         assert outcome.canonical
         assert (outcome.pf, outcome.hidden_payment, outcome.granted) == (searched.pf, searched.hidden_payment,
                                                                          searched.granted)
+
+
+def _random_component(rnd: random.Random):
+    """A small component with random rows and weights: fractional relaxations are common."""
+    import arbiter.auction as auction
+
+    values = {}
+    for a in range(rnd.randint(3, 7)):
+        rows = []
+        for k in range(rnd.randint(1, 5)):
+            mask = 0
+            for _ in range(rnd.randint(1, 3)):
+                mask |= 1 << rnd.randrange(rnd.randint(4, 9))
+            rows.append((mask, rnd.choice([0, 10, 100, rnd.randint(-500, 3000)]), k))
+        values[f"a{a}"] = rows
+    return [c for c in auction._components(auction._weighted(values)) if len(c.apps) > 1]
+
+
+def test_relaxation_paths_agree_with_the_search_on_random_components():
+    """Exactness of the LP paths on components where relaxations are often fractional: every
+    re-solve (with and without a floor, i.e. with reduced-cost fixing) has the search's value, and
+    the fixing steps (some settled by relaxations, some not) end at the search's canonical
+    allocation from the canonical incumbent and from the MILP's own."""
+    import arbiter.auction as auction
+
+    rnd = random.Random(13)
+    seen = {"fixed columns": 0, "fractional steps": 0}
+    least = auction._least_by_relaxation
+
+    def counting(lp, i, open_, value, incumbent):
+        out = least(lp, i, open_, value, incumbent)
+        seen["fractional steps"] += out is None
+        return out
+
+    solve = auction._HighsModel.solve
+
+    def fixing(self, skip, floor=None):
+        calls = []
+        bounds = self.h.changeColsBounds
+
+        def recording(count, idx, lo, hi):
+            calls.append(count)
+            return bounds(count, idx, lo, hi)
+
+        self.h.changeColsBounds = recording
+        try:
+            return solve(self, skip, floor)
+        finally:
+            del self.h.changeColsBounds
+            seen["fixed columns"] += sum(calls) - 2 * len(self.lp.by_app.get(skip, []))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(auction, "_least_by_relaxation", counting)
+        mp.setattr(auction._HighsModel, "solve", fixing)
+        for _ in range(150):
+            for comp in _random_component(rnd):
+                value, canonical = auction._search(comp, None)
+                model = auction._HighsModel(comp)
+                assert auction._value(comp, model.solve(None)) == value
+                for i in range(len(comp.apps)):
+                    expected, _ = auction._search(comp, i)
+                    start = [r if j != i else -1 for j, r in enumerate(canonical)]
+                    for floor in (None, auction._value(comp, start, i)):
+                        got = model.solve(i, floor)
+                        assert got[i] == -1 and auction._value(comp, got) == expected
+                prices, lp_optimum = auction._lp_prices(comp)
+                assert lp_optimum is None or auction._value(comp, lp_optimum) == value
+                for incumbent in (model.solve(None), canonical):
+                    assert auction._canonical_by_fixing(comp, value, 10**6, incumbent, prices) == canonical
+    assert seen["fixed columns"] > 0 and seen["fractional steps"] > 0
 
 
 def test_a_fractional_relaxation_is_left_to_the_milp():
