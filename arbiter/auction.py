@@ -449,9 +449,6 @@ def _canonical_by_fixing(
     left = node_budget
     h = None
     lp: _Relaxation | None = None
-    cols: list[tuple[int, int]] = []
-    by_app: dict[int, list[int]] = {}
-    n = 0
     current = list(incumbent)
     choice = [-1] * len(comp.apps)
     order = _search_order(comp)
@@ -462,27 +459,27 @@ def _canonical_by_fixing(
         upper = current[i] if current[i] >= 0 else len(rows)
         open_ = [r for r in range(upper)
                  if not rows[r][0] & taken and may_reach(rest, taken | rows[r][0], fixed_value + rows[r][1])]
-        if open_ and lp is None:
-            lp = _Relaxation(comp)
-            for j in order[:k]:
-                _fix(lp.set_bounds, np, lp.by_app[j], choice[j])
         if open_:
+            if lp is None:  # the first step with rows left open builds the relaxation, with the fixes so far
+                lp = _Relaxation(comp)
+                for j in order[:k]:
+                    _fix(lp.set_bounds, np, lp.by_app[j], choice[j])
             settled = _least_by_relaxation(lp, i, open_, value, current)
             if settled is not None:
                 current = settled
                 open_ = []
         if open_:
+            assert lp is not None
+            cols, by_app, n = lp.cols, lp.by_app, lp.n
             if h is None:  # the first step that needs a MILP builds it, with the fixes so far
                 h = _new_highs()
                 h.setOptionValue("threads", 1)
                 h.setOptionValue("mip_rel_gap", 0.0)
-                cols, by_app, by_gpu = _packing(comp)
-                n = len(cols)
                 h.addCols(n, np.zeros(n), np.zeros(n), np.ones(n), 0, np.array([], dtype=np.int32),
                           np.array([], dtype=np.int32), np.array([], dtype=np.float64))
                 h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
                                         np.array([highspy.HighsVarType.kInteger] * n))
-                _add_at_most_one(h, np, list(by_app.values()) + list(by_gpu.values()))
+                _add_at_most_one(h, np, list(by_app.values()) + list(lp.by_gpu.values()))
                 weights = np.array([float(comp.rows[a][r][1]) for a, r in cols])
                 h.addRow(value - 0.5, np.inf, n, np.arange(n, dtype=np.int32), weights)  # worth the optimum
                 for j in order[:k]:
@@ -510,10 +507,10 @@ def _canonical_by_fixing(
         if choice[i] >= 0:
             taken |= rows[choice[i]][0]
             fixed_value += rows[choice[i]][1]
-        if h is not None:
-            _fix(h.changeColsBounds, np, by_app[i], choice[i])
         if lp is not None:
             _fix(lp.set_bounds, np, lp.by_app[i], choice[i])
+            if h is not None:
+                _fix(h.changeColsBounds, np, lp.by_app[i], choice[i])
     return choice
 
 
@@ -560,6 +557,8 @@ def _lp_prices(comp: _Component) -> tuple[dict[int, int], list[int] | None]:
     import highspy
     import numpy as np
 
+    # Its own model, not a _Relaxation: with presolve and every GPU's row, as the prices were
+    # measured (duals of a degenerate LP are not unique, and the prices steer the search's budget).
     h = _new_highs()
     h.setOptionValue("threads", 1)
     cols, by_app, by_gpu = _packing(comp)
@@ -683,34 +682,35 @@ class _Relaxation:
 
 class _HighsModel:
     """One persistent highspy model per component; re-solves change column bounds. Each solve tries
-    the LP relaxation first (``_Relaxation``) and solves the MILP only when it is fractional; the
-    value, the only thing a re-solve contributes, is the same either way (optimal values are unique,
-    allocations need not be: D16 picks among them afterwards)."""
+    the LP relaxation first (``_Relaxation``) and solves the MILP, built when first needed, only when
+    the relaxation is fractional; the value, the only thing a re-solve contributes, is the same
+    either way (optimal values are unique, allocations need not be: D16 picks among them
+    afterwards)."""
 
     def __init__(self, comp: _Component):
+        self.lp = _Relaxation(comp)
+        self.np = self.lp.np
+        self.h: Any = None
+
+    def _milp(self) -> Any:
         import highspy
 
-        self.lp = _Relaxation(comp)
-        np, n = self.np, self.n = self.lp.np, self.lp.n
-        self.h = h = self.lp.model()
-        h.setOptionValue("mip_rel_gap", 0.0)
-        # Tight, not 0.5: HiGHS measures the gap on its scaled objective, and a "gap below one weight
-        # unit" there let 1.15 and 1.16 stop at different re-solve values (c_i 0.958 vs 1.0, D16).
-        h.setOptionValue("mip_abs_gap", 1e-9)
-        # Measured on the 60 yardstick instances (docs/auction.md): restarts and the RINS/RENS
-        # sub-MIPs cost more than they save on these set-packing models.
-        h.setOptionValue("mip_allow_restart", False)
-        h.setOptionValue("mip_heuristic_run_rins", False)
-        h.setOptionValue("mip_heuristic_run_rens", False)
-        h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
-                                np.array([highspy.HighsVarType.kInteger] * n))
-
-    def _bound(self, skip: int | None, upper: float) -> None:
-        np = self.np
-        if skip is not None and skip in self.lp.by_app:
-            idx = np.array(self.lp.by_app[skip], dtype=np.int32)
-            for set_bounds in (self.lp.set_bounds, self.h.changeColsBounds):
-                set_bounds(len(idx), idx, np.zeros(len(idx)), np.full(len(idx), upper))
+        if self.h is None:
+            np, n = self.np, self.lp.n
+            self.h = h = self.lp.model()
+            h.setOptionValue("mip_rel_gap", 0.0)
+            # Tight, not 0.5: HiGHS measures the gap on its scaled objective, and a "gap below one
+            # weight unit" there let 1.15 and 1.16 stop at different re-solve values (c_i 0.958 vs
+            # 1.0, D16).
+            h.setOptionValue("mip_abs_gap", 1e-9)
+            # Measured on the 60 yardstick instances (docs/auction.md): restarts and the RINS/RENS
+            # sub-MIPs cost more than they save on these set-packing models.
+            h.setOptionValue("mip_allow_restart", False)
+            h.setOptionValue("mip_heuristic_run_rins", False)
+            h.setOptionValue("mip_heuristic_run_rens", False)
+            h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                                    np.array([highspy.HighsVarType.kInteger] * n))
+        return self.h
 
     def solve(self, skip: int | None, floor: int | None = None) -> list[int]:
         """An optimum with app ``skip``'s rows fixed to 0: the LP relaxation's when integral, else
@@ -725,23 +725,26 @@ class _HighsModel:
         returned it as optimal on a Workload 2 round where a better one exists (found without the
         hint, and by 1.15.1 either way)."""
         np = self.np
-        self._bound(skip, 0.0)
-        out = np.array([], dtype=np.int32)
+        skipped = np.array(self.lp.by_app.get(skip, []), dtype=np.int32)
+        self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.zeros(len(skipped)))
         try:
             bound, choice = self.lp.solve()
             if choice is not None:
                 return choice
+            out = skipped
             if bound < math.inf:
                 floor = max(_value(self.lp.comp, self.lp.rounded()), floor or 0)
                 reduced = np.minimum(np.asarray(self.lp.h.getSolution().col_dual), 0.0)
-                out = np.flatnonzero(bound + reduced < floor - 0.5).astype(np.int32)
-                self.h.changeColsBounds(len(out), out, np.zeros(len(out)), np.zeros(len(out)))
-            self.h.run()
-            return self.lp.choice(self.h.getSolution().col_value)
+                out = np.union1d(skipped, np.flatnonzero(bound + reduced < floor - 0.5)).astype(np.int32)
+            h = self._milp()
+            h.changeColsBounds(len(out), out, np.zeros(len(out)), np.zeros(len(out)))
+            try:
+                h.run()
+                return self.lp.choice(h.getSolution().col_value)
+            finally:
+                h.changeColsBounds(len(out), out, np.zeros(len(out)), np.ones(len(out)))
         finally:
-            if len(out):
-                self.h.changeColsBounds(len(out), out, np.zeros(len(out)), np.ones(len(out)))
-            self._bound(skip, 1.0)
+            self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.ones(len(skipped)))
 
 
 def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> list[int]:
