@@ -15,9 +15,13 @@ draw (D15: the round is run with the draw forced to win and to lose, weighted by
 averaged over ``--draws`` seeds for everything else (others' lotteries, leftover draws), with the
 same seeds for truth and lie. A lie "pays" when it raises that expectation by more than 1e-9.
 
-    python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--out FILE]
+Every lie is tried under both ranks of D21: the liar ranked by the rho it reports (``reported``, as
+the service does) and by the rho the arbiter computes from its claimed work at its measured
+slowdowns (``measured``); truthful apps rank the same either way.
 
-Prints a table per lie and writes JSON (``benchmarks/results/strategyproof.json`` by default).
+    python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--ranks reported,measured] [--out FILE]
+
+Prints a table per rank and writes JSON (``benchmarks/results/strategyproof.json`` by default).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from agent.placement import load_profiles  # noqa: E402
 from arbiter.cluster import load_cluster  # noqa: E402
 from arbiter.policies import make_policy  # noqa: E402
 from arbiter.rounds import RoundEngine  # noqa: E402
-from simulator.strategic import StrategicAgent, make_strategy  # noqa: E402
+from simulator.strategic import RANKS, StrategicAgent, check_rank, make_strategy  # noqa: E402
 
 CLUSTER = "sim-256"
 NOW = 4 * 3600.0
@@ -140,7 +144,8 @@ def forced_draw(liar: str, value: float | None) -> Iterator[None]:
         auction.lottery_draw = original
 
 
-def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, float] | None = None):
+def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, float] | None = None,
+              rank: str = "reported"):
     """One round of the case; returns (engine, result, true apps)."""
     cluster = load_cluster(CLUSTER)
     engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed)
@@ -158,7 +163,7 @@ def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, fl
     agents: dict[str, Agent] = {}
     for name, app in apps.items():
         if name == liar and lie is not None:
-            agents[name] = StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name)
+            agents[name] = StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name, rank=rank)
         else:
             agents[name] = Agent(app, name=name)
     result = engine.run_round(NOW, {**agents, "busy": _Idle()})
@@ -173,14 +178,15 @@ class _Idle:
         raise AssertionError("the busy app has no unmet demand")
 
 
-def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None) -> tuple[float, tuple]:
+def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
+            rank: str = "reported") -> tuple[float, tuple]:
     """E[1/rho] of what the liar holds after the round, exact over its own lottery (D15), and where
     the round's rank put the liar (its place among the offered apps, and whether it bid in the
     auction): a lie can pay through the rank (step 1), which the auction does not see."""
     total = 0.0
     place: tuple = ()
     for seed in range(draws):
-        engine, result, apps = run_round(case, seed, liar, lie)
+        engine, result, apps = run_round(case, seed, liar, lie, rank)
         if seed == 0:
             auction_ = result.decision.auction if result.decision else None
             place = (result.bidders.index(liar) if liar in result.bidders else None,
@@ -195,7 +201,7 @@ def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None) ->
         parts = []
         for draw in (0.0, 1.0 - 1e-12):
             with forced_draw(liar, draw):
-                engine, _, apps = run_round(case, seed, liar, lie)
+                engine, _, apps = run_round(case, seed, liar, lie, rank)
             parts.append(_value(engine, apps[liar], liar))
         total += c * parts[0] + (1 - c) * parts[1]
     return total / draws, place
@@ -208,8 +214,8 @@ def _value(engine: RoundEngine, app: AppScheduler, name: str) -> float:
     return 0.0 if math.isinf(rho) else 1.0 / rho
 
 
-def study_case(args: tuple[int, int, int]) -> list[dict[str, Any]]:
-    seed, draws, liars = args
+def study_case(args: tuple[int, int, int, tuple[str, ...]]) -> list[dict[str, Any]]:
+    seed, draws, liars, ranks = args
     case = make_case(seed)
     rng = random.Random(f"liars:{seed}")
     chosen = rng.sample([p.name for p in case.apps], min(liars, len(case.apps)))
@@ -217,11 +223,13 @@ def study_case(args: tuple[int, int, int]) -> list[dict[str, Any]]:
     for liar in chosen:
         truth, place = utility(case, liar, draws, None)
         holds = any(p.held for p in case.apps if p.name == liar)
-        for lie in LIES:
-            lied, lie_place = utility(case, liar, draws, lie)
-            gain = (lied - truth) / truth if truth > 0 else (math.inf if lied > 0 else 0.0)
-            rows.append({"case": seed, "liar": liar, "holds": holds, "lie": f"{lie[0]} {lie[1]:g}".strip(),
-                         "truth": truth, "lied": lied, "gain": gain, "rank_moved": lie_place != place})
+        for rank in ranks:
+            for lie in LIES:
+                lied, lie_place = utility(case, liar, draws, lie, rank)
+                gain = (lied - truth) / truth if truth > 0 else (math.inf if lied > 0 else 0.0)
+                rows.append({"case": seed, "liar": liar, "holds": holds, "lie": f"{lie[0]} {lie[1]:g}".strip(),
+                             "rank": rank, "truth": truth, "lied": lied, "gain": gain,
+                             "rank_moved": lie_place != place})
     return rows
 
 
@@ -249,13 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--liars", type=int, default=3, help="liars tried per case")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="12 cases, 2 draws")
+    parser.add_argument("--ranks", default=",".join(RANKS),
+                        help="comma-separated: where the liar's rank comes from (D21)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.quick:
         args.cases, args.draws = 12, 2
+    ranks = tuple(r.strip() for r in args.ranks.split(",") if r.strip())
+    for rank in ranks:
+        check_rank(rank)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    jobs = [(seed, args.draws, args.liars) for seed in range(args.cases)]
+    jobs = [(seed, args.draws, args.liars, ranks) for seed in range(args.cases)]
     with Progress(TextColumn("cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("cases", total=len(jobs))
@@ -263,29 +276,33 @@ def main(argv: list[str] | None = None) -> int:
             for part in pool.map(study_case, jobs):
                 rows.extend(part)
                 bar.advance(task)
-    summary = summarize(rows)
-    table = Table(title=f"Does lying pay? {args.cases} rounds on {CLUSTER}, {len(rows) // len(LIES)} liars, "
-                        f"exact over the liar's lottery, {args.draws} draws otherwise")
-    for col in ("lie", "cases", "pays", "share", "> 1%", "mean gain", "max gain", "rank moved", "pays, same rank",
-                "max, same rank"):
-        table.add_column(col, justify="right")
 
     def pct(x: float) -> str:
         return f"{x:+.2%}" if math.isfinite(x) else "inf"
 
-    for lie, s in summary.items():
-        table.add_row(lie, str(s["cases"]), str(s["pays"]), f"{s['share_pays']:.1%}", f"{s['pays_over_1pct']:.1%}",
-                      pct(s["mean_gain"]), pct(s["max_gain"]), f"{s['rank_moved']:.1%}", f"{s['pays_same_rank']:.1%}",
-                      pct(s["max_gain_same_rank"]))
-    paying = [r for r in rows if r["lied"] > r["truth"] + 1e-9]
-    same = [r for r in paying if not r["rank_moved"]]
-    table.add_row("[b]all lies", str(len(rows)), str(len(paying)), f"{len(paying) / len(rows):.1%}", "", "",
-                  pct(max((r["gain"] for r in paying), default=0.0)), "", f"{len(same) / len(rows):.1%}",
-                  pct(max((r["gain"] for r in same), default=0.0)))
-    Console(width=160).print(table)
+    summaries: dict[str, Any] = {}
+    for rank in ranks:
+        mine = [r for r in rows if r["rank"] == rank]
+        summary = summaries[rank] = summarize(mine)
+        table = Table(title=f"Does lying pay? {args.cases} rounds on {CLUSTER}, {len(mine) // len(LIES)} liars, "
+                            f"{rank} rank (D21), exact over the liar's lottery, {args.draws} draws otherwise")
+        for col in ("lie", "cases", "pays", "share", "> 1%", "mean gain", "max gain", "rank moved",
+                    "pays, same rank", "max, same rank"):
+            table.add_column(col, justify="right")
+        for lie, s in summary.items():
+            table.add_row(lie, str(s["cases"]), str(s["pays"]), f"{s['share_pays']:.1%}", f"{s['pays_over_1pct']:.1%}",
+                          pct(s["mean_gain"]), pct(s["max_gain"]), f"{s['rank_moved']:.1%}",
+                          f"{s['pays_same_rank']:.1%}", pct(s["max_gain_same_rank"]))
+        paying = [r for r in mine if r["lied"] > r["truth"] + 1e-9]
+        same = [r for r in paying if not r["rank_moved"]]
+        table.add_row("[b]all lies", str(len(mine)), str(len(paying)), f"{len(paying) / len(mine):.1%}", "", "",
+                      pct(max((r["gain"] for r in paying), default=0.0)), "", f"{len(same) / len(mine):.1%}",
+                      pct(max((r["gain"] for r in same), default=0.0)))
+        Console(width=160).print(table)
     result = {"machine": machine_info(), "cases": args.cases, "draws": args.draws, "liars_per_case": args.liars,
-              "wall_seconds": time.perf_counter() - started, "summary": summary,
-              "paying": [r for r in paying]}
+              "wall_seconds": time.perf_counter() - started, "ranks": list(ranks),
+              "summary": summaries.get("reported", {}), "summary_by_rank": summaries,
+              "paying": [r for r in rows if r["lied"] > r["truth"] + 1e-9]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     Console(stderr=True).print(f"wrote {args.out}")

@@ -237,7 +237,7 @@ def cmd_strategic(args: argparse.Namespace) -> int:
     run_strategic(strategy=args.strategy, levels=levels, liars=liars, cluster=args.cluster,
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
-                  workload_knobs=dict(args.workload_knob) or None)
+                  workload_knobs=dict(args.workload_knob) or None, rank=args.rank)
     return 0
 
 
@@ -290,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--liar", default=None, help="comma-separated app ids that lie (instead of --liars)")
     p.add_argument("--seeds", type=int, default=5, help="seeds: mean and 95%% interval")
     p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
+    p.add_argument("--rank", choices=("reported", "measured"), default="reported",
+                   help="the rho that ranks the liars (D21): as they report it, or computed by the arbiter "
+                        "with their measured slowdowns")
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
     _use_profiles(args)

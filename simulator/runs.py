@@ -39,11 +39,13 @@ def simulate(
     workload_knobs: dict[str, Any] | None = None,
     agent_factory=None,
     strategy: tuple[str, float, Sequence[str]] | None = None,
+    rank: str = "reported",
 ) -> dict[str, Any]:
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
     ``strategy`` = (name, level, apps) makes those apps bid through ``simulator.strategic`` (``"*"``
-    for every app); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
+    for every app), ranked by ``rank`` (D21: the liars' reported rho, or the one the arbiter computes
+    with measured slowdowns); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
     loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names."""
     from simulator.plugins import load_from_env
 
@@ -55,7 +57,7 @@ def simulate(
 
         name, level, liars = strategy
         chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
-        agent_factory = liar_factory(chosen, name, level, seed)
+        agent_factory = liar_factory(chosen, name, level, seed, rank=rank)
     options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,

@@ -17,6 +17,12 @@ agent's truthful view into what it sends, at a lie size ``level`` in percent. Th
 
 Lies change only what the agent says: the simulator still runs its jobs at their true speed.
 ``run_strategic`` is the study of paper Figure 15: K liars among truthful apps, per level.
+
+Where the rank's rho comes from is the simulation's ``rank`` (D21): ``reported`` (the default, as
+the service does) takes the agent's rho as it is; ``measured`` stands for an arbiter that measures
+every job's placement slowdown from its iteration times, so the rho that ranks an app (D13) is
+computed with its true slowdowns and the remaining work it claims: a lie about slowdowns then
+reaches only its bids, where the auction prices it (D15).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 from simulator.workload import AppSpec
 
 STRATEGIES: dict[str, type["BiddingStrategy"]] = {}
+#: where the rho that ranks the apps comes from (D21): the agent's report, or measured slowdowns
+RANKS = ("reported", "measured")
 
 
 def strategy(cls: type["BiddingStrategy"]) -> type["BiddingStrategy"]:
@@ -60,9 +68,13 @@ class BiddingStrategy(ABC):
         self.x = level / 100.0
         self.rng = random.Random(f"{self.name}:{seed}")
 
+    def edit(self, job: JobInfo) -> JobInfo:
+        """One job as the agent describes it (default: as it is)."""
+        return job
+
     def view(self, app: AppScheduler) -> AppScheduler:
-        """The app as the agent describes it (default: as it is)."""
-        return app
+        """The app as the agent describes it: every job through ``edit``."""
+        return app if type(self).edit is BiddingStrategy.edit else described(app, self.edit)
 
     def adjust(self, bid: BidTable) -> BidTable:
         """Edit the finished bid table (default: send it as computed)."""
@@ -78,8 +90,8 @@ class _SlowdownLie(BiddingStrategy):
         out = [v * factor if k in self.levels else v for k, v in enumerate(s)]
         return (out[0], out[1], out[2], out[3])
 
-    def view(self, app: AppScheduler) -> AppScheduler:
-        return described(app, lambda j: replace(j, slowdown=self.lie(j.slowdown)))
+    def edit(self, job: JobInfo) -> JobInfo:
+        return replace(job, slowdown=self.lie(job.slowdown))
 
 
 @strategy
@@ -100,8 +112,8 @@ class UnderreportDense(_SlowdownLie):
 class MisreportWork(BiddingStrategy):
     name = "misreport-work"
 
-    def view(self, app: AppScheduler) -> AppScheduler:
-        return described(app, lambda j: replace(j, iters_remaining=j.iters_remaining * (1 + self.x)))
+    def edit(self, job: JobInfo) -> JobInfo:
+        return replace(job, iters_remaining=job.iters_remaining * (1 + self.x))
 
 
 @strategy
@@ -141,9 +153,9 @@ class Misestimate(BiddingStrategy):
         out = [max(1.0, v * (1 + self.slowdown_error)) for v in s]
         return (out[0], out[1], out[2], out[3])
 
-    def view(self, app: AppScheduler) -> AppScheduler:
-        return described(app, lambda j: replace(j, iters_remaining=j.iters_remaining * (1 + self.work_error),
-                                                slowdown=self._slowdown(j.slowdown)))
+    def edit(self, job: JobInfo) -> JobInfo:
+        return replace(job, iters_remaining=job.iters_remaining * (1 + self.work_error),
+                       slowdown=self._slowdown(job.slowdown))
 
 
 @strategy
@@ -248,19 +260,32 @@ class _DescribedCurve(_Described, CurveStoppingScheduler):
 
 
 class StrategicAgent(Agent):
-    """An agent that reports and bids through a strategy (its jobs still run truthfully)."""
+    """An agent that reports and bids through a strategy (its jobs still run truthfully).
 
-    def __init__(self, app: AppScheduler, plan: BiddingStrategy, name: str = "", restart_s: float = 0.0):
+    With ``rank="measured"`` (D21) the report's rho is the one the arbiter computes: the work the
+    agent claims, at the slowdowns its jobs were measured to run at. Claims of infinity are then
+    not the agent's to make; its bids still carry every lie."""
+
+    def __init__(self, app: AppScheduler, plan: BiddingStrategy, name: str = "", restart_s: float = 0.0,
+                 rank: str = "reported"):
         super().__init__(app, name=name, restart_s=restart_s)
         self.plan = plan
+        self.rank = check_rank(rank)
+
+    def _ranked_view(self) -> AppScheduler:
+        if self.rank == "reported":
+            return self.plan.view(self.app)
+        return described(self.app, lambda j: replace(self.plan.edit(j), slowdown=j.slowdown))
 
     def report(self, request: RhoRequest) -> RhoReport:
-        truthful_app, self.app = self.app, self.plan.view(self.app)
+        truthful_app, self.app = self.app, self._ranked_view()
         try:
             answer = super().report(request)
         finally:
             self.app = truthful_app
-        return replace(answer, rho=math.inf) if self.plan.claims_infinity else answer
+        if self.plan.claims_infinity and self.rank == "reported":
+            return replace(answer, rho=math.inf)
+        return answer
 
     def bid(self, offer: Offer) -> BidTable:
         return self.plan.adjust(make_bid(self.plan.view(self.app), offer, alternatives=self.alternatives,
@@ -274,12 +299,21 @@ def make_strategy(name: str, level: float, seed: int | str = 0) -> BiddingStrate
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(STRATEGIES))}") from None
 
 
-def liar_factory(liars: set[str], name: str, level: float, seed: int = 0):
-    """An agent factory for ``Simulation``: the apps in ``liars`` bid through the strategy."""
+def check_rank(rank: str) -> str:
+    if rank not in RANKS:
+        raise ValueError(f"unknown rank {rank!r}; choose one of {', '.join(RANKS)} (D21)")
+    return rank
+
+
+def liar_factory(liars: set[str], name: str, level: float, seed: int = 0, rank: str = "reported"):
+    """An agent factory for ``Simulation``: the apps in ``liars`` bid through the strategy, ranked
+    by ``rank`` (D21)."""
+    check_rank(rank)
 
     def make(spec: AppSpec, app: AppScheduler) -> Agent:
         if spec.app_id in liars:
-            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"), spec.app_id)
+            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"), spec.app_id,
+                                  rank=rank)
         return Agent(app, name=spec.app_id)
 
     return make
@@ -288,19 +322,21 @@ def liar_factory(liars: set[str], name: str, level: float, seed: int = 0):
 def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequence[str], cluster: str,
                   workload: str, seed: int, out: Path, fairness_knob: float = 0.8, lease: float = 600.0,
                   seeds: int = 5, workers: int | None = None, policy: str = "themis",
-                  workload_knobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                  workload_knobs: dict[str, Any] | None = None, rank: str = "reported") -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
     the per-seed values, the share of seeds in which the liars finished sooner, and the liars'
     hidden payments (1 - c_i over their auction wins, D8). ``liars`` is how many of the workload's
-    first apps lie, or their ids; ``policy`` is the arbiter's policy (lies only matter to Themis)."""
+    first apps lie, or their ids; ``policy`` is the arbiter's policy (lies only matter to Themis);
+    ``rank`` is where the rho that ranks the liars comes from (D21)."""
     from simulator.plots import line_plot
     from simulator.runs import run_seeds
     from simulator.seeds import interval
     from simulator.workloads import load_workload
 
     make_strategy(strategy, 0)
+    check_rank(rank)
     apps = [a.app_id for a in load_workload(workload, seed=seed, **(workload_knobs or {})).apps]
     if isinstance(liars, int):
         if not 1 <= liars < len(apps):
@@ -314,7 +350,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
     all_levels = [0.0, *[lv for lv in levels if lv != 0]]
     runs = [{"cluster": cluster, "workload": workload, "policy": policy, "fairness_knob": fairness_knob,
              "lease": lease, "strategy": (strategy, level, tuple(sorted(chosen))),
-             "workload_knobs": workload_knobs} for level in all_levels]
+             "workload_knobs": workload_knobs, "rank": rank} for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
     per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds")
 
@@ -350,7 +386,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
         point["share_seeds_liar_gained"] = point["liar_faster_in"] / len(rows)
         points.append(point)
     points.sort(key=lambda p: p["level"])
-    result = {"strategy": strategy, "policy": policy, "liars": sorted(chosen), "cluster": cluster,
+    result = {"strategy": strategy, "policy": policy, "rank": rank, "liars": sorted(chosen), "cluster": cluster,
               "workload": workload, "seeds": seed_list, "points": points}
     out.mkdir(parents=True, exist_ok=True)
     (out / "strategic.json").write_text(json.dumps(result, indent=1))
@@ -361,14 +397,14 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
               errors={"liar JCT / truthful": [p["liar_jct_vs_truthful"]["half"] for p in points],
                       "other apps' JCT / truthful": [p["others_jct_vs_truthful"]["half"] for p in points]},
               xlabel=f"lie size X (%) -- {strategy}", ylabel="completion time relative to X = 0",
-              title=f"Strategic bidding: {len(chosen)} liar(s) on {cluster}, {policy}, {seeds} seeds")
+              title=f"Strategic bidding: {len(chosen)} liar(s) on {cluster}, {policy}, {rank} rank, {seeds} seeds")
     from rich.console import Console
     from rich.table import Table
 
     from simulator.seeds import fmt
 
     table = Table(title=f"{strategy}: liar(s) {', '.join(sorted(chosen))[:60]}, {workload} on {cluster}, {policy}, "
-                        f"{seeds} seeds (mean ± 95% CI)")
+                        f"{rank} rank, {seeds} seeds (mean ± 95% CI)")
     for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "sooner in", "later in", "liar hidden payment",
                 "others JCT / truthful"):
         table.add_column(col, justify="right")

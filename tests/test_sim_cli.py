@@ -55,6 +55,7 @@ def test_strategic_study_writes_points_for_each_level(tmp_path):
     result = json.loads((tmp_path / "strategic.json").read_text())
     assert [p["level"] for p in result["points"]] == [0.0, 50.0]
     assert result["liars"] == ["speech"] and result["policy"] == "themis" and result["seeds"] == [0, 1]
+    assert result["rank"] == "reported"
     truthful = result["points"][0]
     assert truthful["liar_jct_vs_truthful"]["values"] == [1.0, 1.0] and truthful["share_seeds_liar_gained"] == 0
     assert 0 <= truthful["liar_hidden_payment"]["mean"] < 1
@@ -69,6 +70,11 @@ def test_experiment_fig15_quick_writes_json_and_png(tmp_path):
     assert all(len(p["liar_jct_vs_truthful"]["values"]) == 2 for p in result["points"])
     assert (tmp_path / "strategic.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "clusters" / "fig15-64.toml").exists()  # written with the results, not into the repo
+    measured = result["measured_rank"]  # D21: the same study, the liar ranked by measured slowdowns
+    assert result["rank"] == "reported" and measured["rank"] == "measured"
+    assert [p["level"] for p in measured["points"]] == [0, 25, 50, 100]
+    assert measured["points"][0]["liar_jct_s"] == result["points"][0]["liar_jct_s"]
+    assert (tmp_path / "rank-measured" / "strategic.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_contention_clusters_halve_and_quarter_sim_256(tmp_path):

@@ -95,3 +95,51 @@ def test_misestimate_keeps_one_error_per_app_and_it_reaches_the_rho_report():
     seen = plan.view(app()).jobs_in_phase(1, spread)[0].slowdown
     assert all(s >= 1.0 for s in seen) and seen != SLOW
     assert make_strategy("misestimate", 0).view(app()).jobs_in_phase(1, spread)[0].slowdown == SLOW
+
+
+def _spread_request():
+    from protos.messages import RhoRequest
+
+    held = {g: CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")}
+    return RhoRequest(1, "a", 0.0, 2.0, 256, held)
+
+
+def test_a_measured_rank_takes_the_claimed_work_at_the_measured_slowdowns():
+    """D21: with rank="measured" a slowdown lie no longer reaches the rho that ranks the app, a work
+    lie still does, and the bid carries both lies either way."""
+    request = _spread_request()
+    truth = Agent(app()).report(request).rho
+    for rank in ("reported", "measured"):
+        slow = StrategicAgent(app(), make_strategy("overreport-spread", 50), rank=rank)
+        work = StrategicAgent(app(), make_strategy("misreport-work", 100), rank=rank)
+        if rank == "reported":
+            assert slow.report(request).rho > truth * 1.05
+        else:
+            assert slow.report(request).rho == pytest.approx(truth)
+        assert work.report(request).rho > truth * 1.05
+        assert by_set(slow.bid(offer())) != by_set(Agent(app()).bid(offer()))
+    inf = StrategicAgent(app(), make_strategy("report-inf", 0), rank="measured")
+    assert inf.report(request).rho == pytest.approx(truth)
+    assert StrategicAgent(app(), make_strategy("report-inf", 0)).report(request).rho == float("inf")
+    with pytest.raises(ValueError, match="unknown rank"):
+        StrategicAgent(app(), make_strategy("truthful", 0), rank="audited")
+
+
+def test_fig15_lie_pays_through_the_reported_rank_and_not_through_the_measured_one(tmp_path):
+    """Fig. 15's setup (D21): app0 over-reports its spread slowdown by 50%, seed 0. Ranked by its
+    report it is among the bidders at every expiry and finishes well before its truthful self; ranked
+    by measured slowdowns it finishes within 1% of it (the bid's own effect, priced by D15)."""
+    from simulator.experiments import _identical_apps_trace, fig15_cluster
+    from simulator.runs import simulate
+
+    cluster, trace = fig15_cluster(tmp_path), str(_identical_apps_trace(tmp_path))
+
+    def liar_jct(level: float, rank: str) -> float:
+        summary = simulate(cluster=cluster, workload=trace, policy="themis", seed=0, show_progress=False,
+                           strategy=("overreport-spread", level, ("app0",)), rank=rank)
+        return next(a["jct_s"] for a in summary["apps"] if a["app"] == "app0")
+
+    truthful = liar_jct(0.0, "reported")
+    assert liar_jct(0.0, "measured") == truthful
+    assert liar_jct(50.0, "reported") < 0.97 * truthful
+    assert liar_jct(50.0, "measured") >= 0.99 * truthful
