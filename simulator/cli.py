@@ -151,6 +151,8 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     if policy:
         p.add_argument("--policy", default="themis", choices=sorted(POLICIES))
     p.add_argument("--fairness-knob", type=float, default=0.8, help="f of D6 (themis only)")
+    p.add_argument("--max-contenders", type=int, default=None,
+                   help="cap Themis's auction at the worst N bidders, as the service does (D20; default: no cap)")
     p.add_argument("--lease", type=float, default=600.0, help="lease length in seconds (D10)")
     p.add_argument("--restart", type=float, default=DEFAULT_RESTART_S, help="restart delay in seconds (D11)")
     p.add_argument("--coalesce", type=float, default=DEFAULT_COALESCE_S,
@@ -169,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = simulate(cluster=args.cluster, workload=args.workload, policy=args.policy,
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
                        coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed,
-                       workload_knobs=dict(args.workload_knob) or None)
+                       workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders)
     path = write_summary(summary, args.out)
     out_console.print(summary_table([summary], f"{args.workload} on {args.cluster}"))
     console.print(f"wrote {path}")
@@ -189,7 +191,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     seeds = list(range(args.seed, args.seed + args.seeds))
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
-                  workload_knobs=dict(args.workload_knob) or None)
+                  workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders)
     if args.seeds == 1 and (args.workers or 1) == 1:
         per_policy = [[simulate(policy=p, seed=seeds[0], **common)] for p in policies]
     else:
@@ -237,7 +239,8 @@ def cmd_strategic(args: argparse.Namespace) -> int:
     run_strategic(strategy=args.strategy, levels=levels, liars=liars, cluster=args.cluster,
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
-                  workload_knobs=dict(args.workload_knob) or None, rank=args.rank)
+                  workload_knobs=dict(args.workload_knob) or None, rank=args.rank,
+                  max_contenders=args.max_contenders)
     return 0
 
 

@@ -40,13 +40,15 @@ def simulate(
     agent_factory=None,
     strategy: tuple[str, float, Sequence[str]] | None = None,
     rank: str = "reported",
+    max_contenders: int | None = None,
 ) -> dict[str, Any]:
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
     ``strategy`` = (name, level, apps) makes those apps bid through ``simulator.strategic`` (``"*"``
     for every app), ranked by ``rank`` (D21: the liars' reported rho, or the one the arbiter computes
     with measured slowdowns); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
-    loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names."""
+    loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names.
+    ``max_contenders`` caps Themis's auction as the service does (D20; None, the default: no cap)."""
     from simulator.plugins import load_from_env
 
     load_from_env()
@@ -58,7 +60,7 @@ def simulate(
         name, level, liars = strategy
         chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
         agent_factory = liar_factory(chosen, name, level, seed, rank=rank)
-    options = {"fairness_knob": fairness_knob} if policy == "themis" else {}
+    options: dict[str, Any] = {"fairness_knob": fairness_knob, "max_contenders": max_contenders} if policy == "themis" else {}
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
@@ -78,7 +80,8 @@ def simulate(
         result = sim.run()
     return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
                      restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
-                     workload_source=the_workload.source)
+                     workload_source=the_workload.source,
+                     **({"max_contenders": max_contenders} if policy == "themis" and max_contenders else {}))
 
 
 def simulate_quietly(**kw: Any) -> dict[str, Any]:

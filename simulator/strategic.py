@@ -322,7 +322,8 @@ def liar_factory(liars: set[str], name: str, level: float, seed: int = 0, rank: 
 def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequence[str], cluster: str,
                   workload: str, seed: int, out: Path, fairness_knob: float = 0.8, lease: float = 600.0,
                   seeds: int = 5, workers: int | None = None, policy: str = "themis",
-                  workload_knobs: dict[str, Any] | None = None, rank: str = "reported") -> dict[str, Any]:
+                  workload_knobs: dict[str, Any] | None = None, rank: str = "reported",
+                  max_contenders: int | None = None) -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
@@ -350,7 +351,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
     all_levels = [0.0, *[lv for lv in levels if lv != 0]]
     runs = [{"cluster": cluster, "workload": workload, "policy": policy, "fairness_knob": fairness_knob,
              "lease": lease, "strategy": (strategy, level, tuple(sorted(chosen))),
-             "workload_knobs": workload_knobs, "rank": rank} for level in all_levels]
+             "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders}
+            for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
     per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds")
 

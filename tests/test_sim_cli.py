@@ -163,3 +163,23 @@ def test_profiles_flag_adds_a_model_for_the_run_and_bad_tables_stop_it(tmp_path,
     bad.write_text("[models.x]\ncategory = 'other'\nslowdown = [1.0, 1.0]\n")
     with pytest.raises(SystemExit, match="bad.toml"):
         main(["run", "--profiles", str(bad), "--workload", str(trace), "--out", str(tmp_path / "bad")])
+
+
+def test_max_contenders_caps_the_simulated_auction_as_the_service_does(tmp_path):
+    """D20 as a simulator option (issue 13 item 7): ``--max-contenders N`` reaches ThemisPolicy, so
+    no auction of the run has more than N contenders, while the uncapped run has bigger ones."""
+    from arbiter.cluster import load_cluster
+    from arbiter.policies import make_policy
+    from simulator.engine import Simulation
+    from simulator.workloads import load_workload
+
+    def widest(cap):
+        sim = Simulation(load_cluster("sim-256"), load_workload("small", seed=0),
+                         make_policy("themis", max_contenders=cap), keep_rounds=True, seed=0)
+        rounds = sim.run().round_results
+        return max(len(r.decision.auction.contenders) for r in rounds if r.decision and r.decision.auction)
+
+    assert widest(None) > 2 and widest(2) == 2
+    assert main(["run", "--workload", "small", "--max-contenders", "2", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["max_contenders"] == 2
+    assert main(["run", "--workload", "small", "--max-contenders", "0", "--out", str(tmp_path / "zero")]) == 2
