@@ -73,7 +73,9 @@ class BiddingStrategy(ABC):
         return job
 
     def view(self, app: AppScheduler) -> AppScheduler:
-        """The app as the agent describes it: every job through ``edit``."""
+        """The app as the agent describes it: every job through ``edit``. A strategy that overrides
+        this instead of ``edit`` lies in its reported rank and its bids, but a measured rank (D21)
+        sees none of it: that rank takes only the claimed work of ``edit``'s jobs."""
         return app if type(self).edit is BiddingStrategy.edit else described(app, self.edit)
 
     def adjust(self, bid: BidTable) -> BidTable:
