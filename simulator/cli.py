@@ -30,6 +30,7 @@ from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S
 from simulator.metrics import write_summary
 from simulator.runs import run_seeds, simulate
+from simulator.strategic import RANKS
 
 DEFAULT_POLICIES = "themis,gandiva,tiresias,optimus,slaq"
 console = Console(stderr=True)
@@ -293,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--liar", default=None, help="comma-separated app ids that lie (instead of --liars)")
     p.add_argument("--seeds", type=int, default=5, help="seeds: mean and 95%% interval")
     p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
-    p.add_argument("--rank", choices=("reported", "measured"), default="reported",
+    p.add_argument("--rank", choices=RANKS, default="reported",
                    help="the rho that ranks the liars (D21): as they report it, or computed by the arbiter "
                         "with their measured slowdowns")
     p.set_defaults(func=cmd_strategic)

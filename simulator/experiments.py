@@ -266,7 +266,7 @@ def fig15(setup: Setup) -> dict[str, Any]:
     """Fig. 15: one app over-reporting its spread slowdown by X% among 8 identical apps on 64 GPUs,
     ranked by its reported rho (the service, the top level of the result) and by the rho the
     arbiter computes with measured slowdowns (``measured_rank``, D21; ``rank-measured/``)."""
-    from simulator.strategic import run_strategic
+    from simulator.strategic import RANKS, run_strategic
 
     levels = [0, 25, 50, 100] if setup.quick else [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
     trace = _identical_apps_trace(setup.out)
@@ -275,7 +275,7 @@ def fig15(setup: Setup) -> dict[str, Any]:
     runs = {rank: run_strategic(strategy="overreport-spread", levels=levels, liars=1, cluster=cluster,
                                 workload=str(trace), seed=setup.seeds[0], seeds=seeds, workers=setup.workers,
                                 out=setup.out if rank == "reported" else setup.out / "rank-measured", rank=rank)
-            for rank in ("reported", "measured")}
+            for rank in RANKS}
     return {"figure": "fig15", "quick": setup.quick, **runs["reported"], "measured_rank": runs["measured"]}
 
 

@@ -128,7 +128,7 @@ def test_a_measured_rank_takes_the_claimed_work_at_the_measured_slowdowns():
 def test_fig15_lie_pays_through_the_reported_rank_and_not_through_the_measured_one(tmp_path):
     """Fig. 15's setup (D21): app0 over-reports its spread slowdown by 50%, seed 0. Ranked by its
     report it is among the bidders at every expiry and finishes well before its truthful self; ranked
-    by measured slowdowns it finishes within 1% of it (the bid's own effect, priced by D15)."""
+    by measured slowdowns it finishes within 1% of it (what is left is the leftover's outside option, D21)."""
     from simulator.experiments import _identical_apps_trace, fig15_cluster
     from simulator.runs import simulate
 
