@@ -4,16 +4,18 @@ First, the reserve -- the apps offered GPUs beyond the auction's bidders (D14) -
 in rank order, worst first, each the row of its own bid it values most among those that fit
 (:func:`serve_queue`): a winner's hidden payment goes to the next starving apps in rank order
 before anyone else, and by their bids, not by a draw.
-Then the rest goes at random to apps that did not bid this round and still have unmet demand,
-never beyond an app's demand; if none remain, to the apps that bid and got nothing yet this round,
-and last to those offered GPUs that did not bid. An app drawn takes what it still wants at once,
-its own previous GPUs first, then best-placed (D1), inside the slot, machine or rack of what it
-keeps, so that a gift never spreads (and slows) its job. A GPU stays idle only when every app that
-wants more got GPUs this round or has no room for it there.
+Then the rest goes at random to apps that were not offered GPUs this round and still have unmet
+demand, never beyond an app's demand; if none remain, to the apps that bid and got nothing yet this
+round. An app drawn takes what it still wants at once, its own previous GPUs first, then
+best-placed (D1), inside the slot, machine or rack of what it keeps, so that a gift never spreads
+(and slows) its job. A GPU stays idle only when every app that wants more got GPUs this round, has
+no room for it there, or was offered GPUs and sent no valid bid.
 
-"Did not bid" means not offered: the apps the fairness filter kept out (D6). An app that was
-offered GPUs and did not bid -- silent, crashed, or its bid refused -- comes last, after the
-bidders: otherwise not bidding would pay, and a dead agent would be leased GPUs it cannot use.
+An app that was offered GPUs and sent no valid bid -- silent, crashed, or its bid refused -- takes
+nothing here (D22), as if it had bid an empty table: when it came last among the takers it still
+took its whole unmet demand whenever GPUs were left, which beat bidding truthfully for holders in
+7.2% of the strategy-proofness benchmark's cases, up to +59%. The round engine gives such an app
+one follow-up round (D10), so an agent that missed a deadline does not wait for a lease expiry.
 """
 
 from __future__ import annotations
@@ -74,21 +76,19 @@ def hand_out_leftover(
     held: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, frozenset[str]]:
     """Grants of leftover GPUs (D9), tier by tier in a seeded random order: the apps that got no
-    offer, then the apps that bid, then the apps that were offered GPUs and did not bid. ``unmet``
+    offer, then the apps that bid; an app offered GPUs that did not bid takes nothing (D22). ``unmet``
     is each app's demand after the earlier grants; apps in ``served`` take nothing here (Themis
     passes those that got GPUs this round and those that had their turn in tier 1). An app takes what it still wants at once, its previous
     GPUs first, then best-placed (D1), but only inside the smallest slot, machine or rack that holds
     what it keeps (``held``): under D1 more GPUs at the same locality level cannot slow an app down,
     while one GPU further out can (a gang-scheduled job runs at its slowest link)."""
     pool = sorted(leftover)
-    done = set(served)
+    done = set(served) | (set(offered) - set(bids))
     want = {app: n for app, n in unmet.items() if n > 0 and app not in done}
-    silent = set(offered) - set(bids)
     grants: dict[str, frozenset[str]] = {}
     tiers = (
-        sorted(a for a in want if a not in bids and a not in silent),
+        sorted(a for a in want if a not in bids),
         sorted(a for a in want if a in bids),
-        sorted(a for a in want if a in silent),
     )
     for eligible in tiers:
         rng.shuffle(eligible)

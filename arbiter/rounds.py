@@ -146,6 +146,7 @@ class RoundEngine:
         self._open: OpenRound | None = None
         self.drained: set[str] = set()  # machines that get no new grants (their leases run out)
         self.added_machines: list[tuple[str, str, int, int]] = []
+        self.silent: frozenset[str] = frozenset()  # offered in the last round and sent no valid bid (D22)
 
     # -- durable state and a changing cluster ------------------------------------------------
 
@@ -569,12 +570,17 @@ class OpenRound:
                     grants.append(Grant(app, gpus, expires, self.round_id, source))
             taken = frozenset().union(*(g.gpus for g in grants)) if grants else frozenset()
             unmet_after = {a: n - len(decision.granted.get(a, ())) if decision else n for a, n in ctx.unmet.items()}
-            if grants and self.free - taken and any(n > 0 for n in unmet_after.values()):
+            silent = frozenset(a for a in offers if a not in self._bids)
+            # D22: an offered app that sent no valid bid was leased nothing; if it wants GPUs that
+            # stay idle, it gets one more round (an agent that missed a deadline), not one per round.
+            retry = any(unmet_after.get(a, 0) > 0 for a in silent - self.engine.silent)
+            if self.free - taken and ((grants and any(n > 0 for n in unmet_after.values())) or retry):
                 # GPUs left idle while apps want more is a resource-available event (D10): the next
                 # round offers them again, to bids made for exactly them, instead of waiting for a
                 # lease to expire (D9 gives queued apps no random gift). Only after a round that
-                # granted something, so follow-ups end.
+                # granted something or first found an app silent, so follow-ups end.
                 self.engine._note(self.now)
+            self.engine.silent = silent
             return RoundResult(
                 round_id=self.round_id,
                 now=self.now,

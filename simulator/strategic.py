@@ -14,6 +14,8 @@ agent's truthful view into what it sends, at a lie size ``level`` in percent. Th
 * ``biggest-rows`` / ``single-gpu-rows``: only the rows with the most GPUs / with one GPU.
 * ``report-inf``: reports rho = infinity and bids rho_old = infinity (the arbiter refuses both from
   an app that holds GPUs, D13).
+* ``withhold-bid``: reports truthfully, then sends no bid (as an agent that misses the deadline;
+  D22 leases such an app nothing that round).
 
 Lies change only what the agent says: the simulator still runs its jobs at their true speed.
 ``run_strategic`` is the study of paper Figure 15: K liars among truthful apps, per level.
@@ -60,6 +62,8 @@ class BiddingStrategy(ABC):
     name: ClassVar[str]
     #: the strategy also reports rho = infinity in step 1 (D13 refuses that from a holder)
     claims_infinity: ClassVar[bool] = False
+    #: False: the agent sends no bid when offered GPUs (D22)
+    sends_bid: ClassVar[bool] = True
 
     def __init__(self, level: float, seed: int | str = 0):
         if level < 0:
@@ -211,6 +215,16 @@ class ReportInf(BiddingStrategy):
 
 
 @strategy
+class WithholdBid(BiddingStrategy):
+    name = "withhold-bid"
+    sends_bid = False
+
+
+class WithheldBid(RuntimeError):
+    """What a ``withhold-bid`` agent raises when offered GPUs: the round records it as no bid."""
+
+
+@strategy
 class Truthful(BiddingStrategy):
     name = "truthful"
 
@@ -290,6 +304,8 @@ class StrategicAgent(Agent):
         return answer
 
     def bid(self, offer: Offer) -> BidTable:
+        if not self.plan.sends_bid:
+            raise WithheldBid(f"{self.name or 'the app'} withholds its bid")
         return self.plan.adjust(make_bid(self.plan.view(self.app), offer, alternatives=self.alternatives,
                                          salt=self.name, restart_s=self.restart_s))
 

@@ -42,7 +42,10 @@ def test_a_crashing_training_script_stops_the_search_with_its_error(tmp_path):
     # without the bound: 9 trials x 2 tries, and the search "finishes" with no result; with it: one
     # wave of starts on the 8 GPUs at most (several may fail in the same poll), then the error
     assert error.runs >= 4 and sum(runner.launcher.starts.values()) <= 8
-    assert all(e.returncode == 1 for e in runner.launcher.history)
+    # runs still starting when the search stops are stopped by the runner (on a busy machine some
+    # are); every run that ended on its own crashed with the script's exit code
+    crashed = [e for e in runner.launcher.history if not e.requested]
+    assert len(crashed) >= 4 and all(e.returncode == 1 for e in crashed), runner.launcher.history
     assert "FileNotFoundError: /nowhere/train.csv" in str(error) and "exit code 1" in str(error)
     assert error.job in runner.launcher.starts and not runner.launcher.live()  # nothing left running
 

@@ -333,3 +333,51 @@ def test_gpus_left_idle_while_apps_want_more_are_offered_again_at_once():
     agents["w"] = Fixed(1.0, 2)  # w has what it wants now
     second = engine.run_round(15, agents)
     assert {grant.app: len(grant.gpus) for grant in second.grants} == {"q": 2} and not second.idle
+
+
+def test_an_offered_app_that_sends_no_valid_bid_is_leased_nothing_and_gets_one_more_round():
+    """D22, the leak the strategy-proofness benchmark found under the measured rank: a holder whose
+    bid was refused (or never sent) came last in D9's random tier and, when GPUs were left, took its
+    whole unmet demand -- more than bidding truthfully won it (7.2% of its cases, up to +59%). Now
+    it is leased nothing that round, as if it had bid an empty table; the GPUs it left idle get one
+    follow-up round (D10), where an agent that merely missed the deadline bids for them."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    g = sorted(cluster.gpus)
+    truthful = lambda o: BidTable(2.0, tuple((frozenset([x]), 1.5) for x in sorted(o.gpus)))  # noqa: E731
+    spoiled = lambda o: BidTable(math.inf, truthful(o).rows)  # noqa: E731 -- rho_old = inf from a holder
+
+    def first_round(holder_bid):
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0), lease_s=1000, expiry_window_s=0,
+                             coalesce_s=5)
+        engine.add_app("h", 0)
+        engine.add_app("o", 0)
+        engine.leases.grant("h", [g[0]], now=0, expires_at=1000, round_id=0)
+        agents = {"h": Fixed(2.0, 4, holder_bid), "o": Fixed(math.inf, 1, truthful, wait=1.0)}
+        return engine, agents, engine.run_round(10, agents)
+
+    _, _, honest = first_round(truthful)
+    assert {grant.app: len(grant.gpus) for grant in honest.grants}["h"] >= 1
+
+    engine, agents, r = first_round(spoiled)
+    assert "rho_old must be finite" in r.rejected["h"]
+    assert {grant.app: len(grant.gpus) for grant in r.grants} == {"o": 1}  # before D22: h took the other 2
+    assert len(r.idle) == 2 and r.unmet_after["h"] == 3
+    assert engine.round_due(15)  # one more round for the app that did not bid
+    again = engine.run_round(15, agents)  # still spoiled: nothing, and no round after it
+    assert again.grants == () and not engine.round_due(500)
+    agents["h"] = Fixed(2.0, 4, truthful)  # the next event's round: a bid wins the idle GPUs
+    engine.add_app("late", 600)
+    assert {grant.app for grant in engine.run_round(605, agents | {"late": Fixed(0.5, 0)}).grants} == {"h"}
+
+
+def test_a_lone_app_that_misses_its_first_bid_is_not_left_waiting_for_an_unrelated_event():
+    """D22's follow-up: a round that grants nothing normally ends the follow-ups (D10), but an app
+    that was offered GPUs and sent no bid gets one more round, or an agent slow to start on an idle
+    cluster would wait for the next arrival or expiry."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
+    engine = RoundEngine(cluster, make_policy("themis"), lease_s=1000, coalesce_s=1)
+    engine.add_app("a", 0)
+    r = engine.run_round(1, {"a": Fixed(math.inf, 2)})  # offered, answers no bid
+    assert r.grants == () and "expected a BidTable" in r.rejected["a"] and engine.round_due(2)
+    r = engine.run_round(2, {"a": Fixed(math.inf, 2, lambda o: BidTable(math.inf, ((frozenset(sorted(o.gpus)[:2]), 1.0),)))})
+    assert [len(grant.gpus) for grant in r.grants] == [2]

@@ -361,14 +361,11 @@ def test_agent_process_killed_mid_round_round_completes_and_its_leases_are_reauc
     run(scenario())
 
 
-def test_an_offered_app_that_does_not_bid_gets_no_leftover_ahead_of_bidders(tmp_path):
-    """Two starving apps bid for 2 new GPUs; a third app was offered them too and stays silent.
-
-    Each bidder's win would leave the other at rho = infinity, so both hidden payments are c_i = 0
-    (docs/mechanism.md, D8) and both GPUs become leftover. The leftover's first claim belongs to apps
-    that were not in the auction (filtered out by f, D6); apps that were offered the GPUs and did not
-    bid -- silent, dead, or refused for an invalid bid -- come after the bidders (D9 as
-    docs/mechanism.md reads it), or not bidding would beat bidding.
+def test_an_offered_app_that_does_not_bid_is_leased_nothing(tmp_path):
+    """Two starving apps bid for 2 new GPUs; a third app, which bid once for the whole cluster, was
+    offered them too and stays silent. An offered app that sends no valid bid -- silent, dead, or
+    refused for an invalid bid -- is leased nothing that round (D22), or not bidding would beat
+    bidding; before D22 it came last in the random leftover and took whatever the bidders left.
     """
 
     async def scenario():
@@ -379,7 +376,7 @@ def test_an_offered_app_that_does_not_bid_gets_no_leftover_ahead_of_bidders(tmp_
             await quiet.next("welcome")
             answered = 0
 
-            async def answer_reports():  # reports every round, never bids
+            async def answer_reports():  # reports every round, bids only in the first
                 nonlocal answered
                 while True:
                     requests = quiet.of("rho_request")
@@ -388,7 +385,10 @@ def test_an_offered_app_that_does_not_bid_gets_no_leftover_ahead_of_bidders(tmp_
                     answered = len(requests)
                     await asyncio.sleep(0.01)
             reporter = asyncio.create_task(answer_reports())
-            await wait_for(lambda: len(engine.held("quiet")) == 8, 10)  # alone: the whole cluster, as leftover
+            first = await quiet.next("offer")
+            quiet.send(bid=pb.Bid(round_id=first.round_id, app="quiet", rho_old=math.inf,
+                                  rows=[pb.BidRow(gpus=[p.gpu for p in first.gpus], rho=1.0)]))
+            await wait_for(lambda: len(engine.held("quiet")) == 8, 10)  # alone: the whole cluster, by its bid
             g1, t1 = await start_agent(server, "g1", halving_app(jobs=4))
             g2, t2 = await start_agent(server, "g2", halving_app(jobs=4))
             stub, meta, ch = admin_stub(server)

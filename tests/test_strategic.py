@@ -125,6 +125,25 @@ def test_a_measured_rank_takes_the_claimed_work_at_the_measured_slowdowns():
         StrategicAgent(app(), make_strategy("truthful", 0), rank="audited")
 
 
+def test_an_agent_that_withholds_its_bid_is_leased_nothing_in_that_round():
+    """D22 through the strategy: ``withhold-bid`` reports the truthful rho, then sends no bid; the
+    round records why and leases it nothing, even with GPUs left that it wants (before D22 it took
+    them all as the last random tier)."""
+    from arbiter.policies import make_policy
+    from arbiter.rounds import RoundEngine
+
+    request = _spread_request()
+    assert StrategicAgent(app(), make_strategy("withhold-bid", 0)).report(request).rho == \
+        pytest.approx(Agent(app()).report(request).rho)
+    engine = RoundEngine(CLUSTER.subcluster(["r0-m0"]), make_policy("themis", fairness_knob=0.0), coalesce_s=1)
+    engine.add_app("quiet", 0)
+    r = engine.run_round(1, {"quiet": StrategicAgent(app(), make_strategy("withhold-bid", 0), "quiet")})
+    assert r.bidders == ("quiet",) and "withholds its bid" in r.rejected["quiet"]
+    assert r.grants == () and len(r.idle) == len(engine.free_gpus()) > 0 and engine.round_due(2)
+    r = engine.run_round(2, {"quiet": Agent(app(), name="quiet")})  # D22's one follow-up round
+    assert [g.app for g in r.grants] == ["quiet"]
+
+
 def test_fig15_lie_pays_through_the_reported_rank_and_not_through_the_measured_one(tmp_path):
     """Fig. 15's setup (D21): app0 over-reports its spread slowdown by 50%, seed 0. Ranked by its
     report it is among the bidders at every expiry and finishes well before its truthful self; ranked
