@@ -9,8 +9,8 @@ bid with the real code (``agent.agent.Agent``); the round runs through the real 
 For each liar (up to three apps per case) and each lie -- every strategy of
 ``simulator/strategic.py`` at a few sizes, which covers scaling the rows' rho by 0.5-1.5, inflating
 rho_old, hiding rows, only the biggest rows, only 1-GPU rows, reporting infinity and sending no
-bid -- the liar's *true* expected utility after the round, E[1/rho(what it holds then)] computed with its true app,
-is compared with what telling the truth gives. The expectation is exact over the liar's own lottery
+bid -- the liar's *true* expected utility after the round, E[1/rho(what it holds then)] computed
+with its true app, is compared with what telling the truth gives. The expectation is exact over the liar's own lottery
 draw (D15: the round is run with the draw forced to win and to lose, weighted by its c_i) and
 averaged over ``--draws`` seeds for everything else (others' lotteries, leftover draws), with the
 same seeds for truth and lie. A lie "pays" when it raises that expectation by more than 1e-9.
