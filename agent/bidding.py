@@ -36,10 +36,9 @@ in a small offer: at most 272 rows for a demand of 16 and 302 for any demand up 
 
 from __future__ import annotations
 
-import functools
-import heapq
+import bisect
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from agent.appsched import AppScheduler
@@ -75,7 +74,10 @@ def _take(groups: Sequence[list[str]], k: int) -> list[str]:
 
 
 class _OfferShape:
-    """The offer's free GPUs grouped by slot, machine and rack, with picking helpers."""
+    """The offer's free GPUs grouped by slot, machine and rack, with picking helpers.
+
+    A pick depends only on the offer, not on the app, so each is made once per round and shared by
+    every bidder (the shape itself is shared, ``_offer_shape``)."""
 
     def __init__(self, gpus: Mapping[str, Position]):
         self.slots: dict[tuple[str, str, str], list[str]] = {}
@@ -87,30 +89,53 @@ class _OfferShape:
         self.racks: dict[str, list[tuple[str, str]]] = {}
         for machine in self.machines:
             self.racks.setdefault(machine[0], []).append(machine)
+        self.slot_free = {s: len(g) for s, g in self.slots.items()}
         self.machine_free = {m: sum(len(self.slots[s]) for s in ss) for m, ss in self.machines.items()}
         self.rack_free = {r: sum(self.machine_free[m] for m in ms) for r, ms in self.racks.items()}
+        self._picks: dict[tuple, tuple[str, ...]] = {}
+        self._containers: dict[str, _Containers] = {}
 
-    def pick_machine(self, machine: tuple[str, str], k: int) -> list[str]:
-        return _take([self.slots[s] for s in self.machines[machine]], k)
+    def pick_machine(self, machine: tuple[str, str], k: int) -> tuple[str, ...]:
+        key = ("machine", machine, k)
+        got = self._picks.get(key)
+        if got is None:
+            got = self._picks[key] = tuple(_take([self.slots[s] for s in self.machines[machine]], k))
+        return got
 
-    def pick_rack(self, rack: str, k: int, below: int | None = None) -> list[str]:
+    def pick_rack(self, rack: str, k: int, below: int | None = None) -> tuple[str, ...]:
         """k GPUs of the rack, fullest machines first; with ``below``, only from machines with
         fewer than ``below`` free GPUs (leaving the machines that could host k alone to others)."""
-        out: list[str] = []
-        machines = [m for m in self.racks[rack] if below is None or self.machine_free[m] < below]
-        for m in sorted(machines, key=lambda m: -self.machine_free[m]):
-            out.extend(self.pick_machine(m, min(k - len(out), self.machine_free[m])))
-            if len(out) == k:
-                break
-        return out
+        key = ("rack", rack, k, below)
+        got = self._picks.get(key)
+        if got is None:
+            out: list[str] = []
+            machines = [m for m in self.racks[rack] if below is None or self.machine_free[m] < below]
+            for m in sorted(machines, key=lambda m: -self.machine_free[m]):
+                out.extend(self.pick_machine(m, min(k - len(out), self.machine_free[m])))
+                if len(out) == k:
+                    break
+            got = self._picks[key] = tuple(out)
+        return got
 
-    def pick_spread(self, k: int, below: int | None = None) -> list[str]:
-        out: list[str] = []
-        for r in sorted(self.racks, key=lambda r: -self.rack_free[r]):
-            out.extend(self.pick_rack(r, k - len(out), below))
-            if len(out) == k:
-                break
-        return out
+    def pick_spread(self, k: int, below: int | None = None) -> tuple[str, ...]:
+        key = ("spread", k, below)
+        got = self._picks.get(key)
+        if got is None:
+            out: list[str] = []
+            for r in sorted(self.racks, key=lambda r: -self.rack_free[r]):
+                out.extend(self.pick_rack(r, k - len(out), below))
+                if len(out) == k:
+                    break
+            got = self._picks[key] = tuple(out)
+        return got
+
+    def level(self, name: str, near: frozenset, salt: str) -> _Level:
+        """The ``name`` level's containers ("slot", "machine" or "rack") in one app's order (D19)."""
+        containers = self._containers.get(name)
+        if containers is None:
+            free = {"slot": self.slot_free, "machine": self.machine_free, "rack": self.rack_free}[name]
+            containers = self._containers[name] = _Containers(free)
+        return _Level(containers, near, salt)
 
 
 _last_shape: tuple = (None, None)  # (the offer's read-only GPU mapping, its _OfferShape)
@@ -131,34 +156,76 @@ def _offer_shape(gpus: Mapping[str, Position]) -> _OfferShape:
     return shape
 
 
-def _ranked(containers: Mapping, need: int, rank: Mapping, alternatives: int = 1) -> list:
-    """Up to ``alternatives`` containers with room for ``need`` (D7, D19): the best one -- next to
-    held GPUs, then the tightest fit -- and after it the others next to held GPUs, then the rest in
-    the app's own order, whatever their fit. ``rank`` gives each container (not near, the app's
-    hash of it, the container): ``_rank``. Ranking every alternative by fit made all apps name the
-    same few containers whenever one fit was tighter than the rest (D19)."""
-    fits = [c for c, free in containers.items() if free >= need]
-    if not fits or alternatives < 1:
-        return []
-    best = min(fits, key=lambda c: (rank[c][0], containers[c], rank[c][1], c))
-    if alternatives == 1:
-        return [best]
-    rest = heapq.nsmallest(alternatives - 1, (c for c in fits if c != best), key=rank.__getitem__)
-    return [best, *rest]
+class _Level:
+    """One level's containers (slots, machines or racks of the offer) ranked for one app (D7, D19).
+
+    For a GPU count ``need``, ``ranked`` gives up to ``alternatives`` containers with room for it:
+    the best one -- next to held GPUs, then the tightest fit -- and after it the others next to
+    held GPUs, then the rest in the app's own order, whatever their fit. The app's order is the
+    crc32 of "<salt>|<container>", ties (which a crc can have) by the container. Ranking every
+    alternative by fit made all apps name the same few containers whenever one fit was tighter than
+    the rest (D19). Containers are numbered in their sorted order (``_Containers``, shared by the
+    round's bidders), so the order is one sort of integers per level and bid, and each GPU count
+    walks it instead of filtering and ranking every container again for each of up to 18 counts."""
+
+    def __init__(self, level: _Containers, near: frozenset, salt: str):
+        if salt:
+            start = zlib.crc32(f"{salt}|".encode())
+            self.hash = [zlib.crc32(label, start) for label in level.labels]
+            order = sorted(range(len(self.hash)), key=self.hash.__getitem__)
+        else:
+            self.hash = [0] * len(level.labels)
+            order = list(range(len(self.hash)))
+        self.level = level
+        self.near_set = frozenset(level.index[c] for c in near)
+        self.near = [i for i in order if i in self.near_set] if near else []
+        self.far = [i for i in order if i not in self.near_set] if near else order
+        self._far_first: dict[int, int | None] = {}
+
+    def _best(self, need: int) -> int | None:
+        free, hash_ = self.level.free, self.hash
+        near = [i for i in self.near if free[i] >= need]
+        if near:
+            return min(near, key=lambda i: (free[i], hash_[i], i))
+        sizes = self.level.sizes
+        for size in sizes[bisect.bisect_left(sizes, need):]:
+            if size not in self._far_first:
+                same = self.level.by_size[size]
+                if self.near_set:
+                    same = [i for i in same if i not in self.near_set]
+                self._far_first[size] = min(same, key=hash_.__getitem__) if same else None
+            first = self._far_first[size]
+            if first is not None:
+                return first
+        return None
+
+    def ranked(self, need: int, alternatives: int = 1) -> list:
+        best = self._best(need) if alternatives >= 1 else None
+        if best is None:
+            return []
+        out, free = [best], self.level.free
+        for group in (self.near, self.far):
+            for i in group:
+                if len(out) == alternatives:
+                    break
+                if free[i] >= need and i != best:
+                    out.append(i)
+        return [self.level.containers[i] for i in out]
 
 
-def _rank(containers: Iterable, near: set, key_of: Callable, salt: str) -> dict:
-    """Each container's place in the app's own order (D19): (not next to held GPUs, a hash of the
-    salt and the container, the container). Computed once per level and bid, not per GPU count."""
-    start = zlib.crc32(f"{salt}|".encode()) if salt else None
-    return {c: (key_of(c) not in near, 0 if start is None else zlib.crc32(_label(c), start), c) for c in containers}
+class _Containers:
+    """One level of the offer's containers, numbered in sorted order, with their free GPUs and the
+    bytes each app's hash reads (D19); built once per round."""
 
-
-@functools.lru_cache(maxsize=65536)
-def _label(container) -> bytes:
-    """A container's bytes in D19's hash, crc32 of "<salt>|<container>", which ``_rank`` continues
-    from the crc of "<salt>|" so the salt is hashed once per bid."""
-    return f"{container}".encode()
+    def __init__(self, free: Mapping):
+        self.containers = sorted(free)
+        self.index = {c: i for i, c in enumerate(self.containers)}
+        self.free = [free[c] for c in self.containers]
+        self.labels = [f"{c}".encode() for c in self.containers]
+        self.by_size: dict[int, list[int]] = {}
+        for i, n in enumerate(self.free):
+            self.by_size.setdefault(n, []).append(i)
+        self.sizes = sorted(self.by_size)
 
 
 def candidate_sets(
@@ -180,30 +247,29 @@ def candidate_sets(
     near_machines = {p[:2] for p in held.values()} | {p[:2] for p in mine.values()}
     near_racks = {p[0] for p in held.values()} | {p[0] for p in mine.values()}
     mine_shape = _OfferShape(mine) if mine else None
-    slot_free = {s: len(g) for s, g in shape.slots.items()}
     seen: set[frozenset[str]] = set()
     out: list[frozenset[str]] = []
 
-    def add(gids: list[str]) -> None:
+    def add(gids: Sequence[str]) -> None:
         fs = frozenset(gids)
         if fs not in seen:
             seen.add(fs)
             out.append(fs)
 
-    slot_rank = _rank(slot_free, near_machines, lambda s: s[:2], salt)
-    machine_rank = _rank(shape.machine_free, near_machines, lambda m: m, salt)
-    rack_rank = _rank(shape.rack_free, near_racks, lambda r: r, salt)
+    slots = shape.level("slot", frozenset(s for m in near_machines for s in shape.machines.get(m, ())), salt)
+    machines = shape.level("machine", frozenset(m for m in near_machines if m in shape.machine_free), salt)
+    racks = shape.level("rack", frozenset(r for r in near_racks if r in shape.rack_free), salt)
     total = len(offer_gpus)
     for k in counts:
         if k > total:
             break
         if mine_shape is not None and k <= len(mine):
             add(mine_shape.pick_spread(k))
-        for s in _ranked(slot_free, k, slot_rank, alternatives):
+        for s in slots.ranked(k, alternatives):
             add(shape.slots[s][:k])
-        for m in _ranked(shape.machine_free, k, machine_rank, alternatives):
+        for m in machines.ranked(k, alternatives):
             add(shape.pick_machine(m, k))
-        for r in _ranked(shape.rack_free, k, rack_rank, alternatives):
+        for r in racks.ranked(k, alternatives):
             add(shape.pick_rack(r, k))
             fragments = shape.pick_rack(r, k, below=k)
             if len(fragments) == k:

@@ -8,6 +8,8 @@ import zlib
 from types import MappingProxyType
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.appsched import JobInfo, SingleJobApp, SuccessiveHalvingApp
 from agent.bidding import SINGLE_ROWS, candidate_sets, make_bid, useful_counts
@@ -191,3 +193,30 @@ def test_one_read_only_offer_is_shaped_once_and_a_mutable_one_every_time():
         del plain[g]
     after = candidate_sets(plain, {}, [1, 2, 4], salt="a")
     assert after and not {g for s in after for g in s} & set(gone)
+
+
+@settings(max_examples=300, deadline=None)
+@given(frees=st.dictionaries(st.tuples(st.sampled_from("abc"), st.integers(0, 30)), st.integers(1, 8), min_size=1,
+                             max_size=40),
+       data=st.data(), salt=st.sampled_from(["", "app0", "syn-0042"]), need=st.integers(1, 9),
+       alternatives=st.integers(0, 4))
+def test_the_ranked_containers_are_d19s_definition(frees, data, salt, need, alternatives):
+    """The bid code ranks a level's containers with a per-round numbering and walks one sorted order
+    for every GPU count; this checks it against D19's definition written out plainly: of the
+    containers with room, the best by (not next to held GPUs, tightest fit, the app's crc, the
+    container), then the others by (not near, crc, container). An empty salt makes every crc 0, so
+    ties fall to the container."""
+    from agent.bidding import _Containers, _Level
+
+    near = frozenset(data.draw(st.lists(st.sampled_from(sorted(frees)), max_size=4)))
+
+    def crc(c):
+        return zlib.crc32(f"{salt}|{c}".encode()) if salt else 0
+
+    fits = [c for c in frees if frees[c] >= need]
+    want = []
+    if fits and alternatives >= 1:
+        best = min(fits, key=lambda c: (c not in near, frees[c], crc(c), c))
+        rest = sorted((c for c in fits if c != best), key=lambda c: (c not in near, crc(c), c))
+        want = [best, *rest[: alternatives - 1]]
+    assert _Level(_Containers(frees), near, salt).ranked(need, alternatives) == want
