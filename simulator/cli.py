@@ -228,7 +228,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.name not in EXPERIMENTS:
         raise SystemExit(f"themis-sim: unknown experiment {args.name!r}; choose from {', '.join(EXPERIMENTS)}")
     run_experiment(args.name, args.out, quick=args.quick, seed=args.seed, seeds=args.seeds, workers=args.workers,
-                   policies=_policies(args.policies), setup=args.setup)
+                   policies=_policies(args.policies), setup=args.setup, reuse=not args.fresh)
     return 0
 
 
@@ -283,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--setup", choices=("sim", "paper"), default="sim",
                    help="sim: every figure on sim-256, Fig. 12 with Workload 2 (default); paper: Figs. 9-12 on "
                         "testbed-64 as the paper ran them, Fig. 12 with Workload 1")
+    p.add_argument("--fresh", action="store_true",
+                   help="simulate every run again instead of taking the runs kept in OUT/runs for the same "
+                        "arguments and code (more seeds, or a resumed run, otherwise cost only the missing runs)")
     _add_plugin(p)
     _add_profiles(p)
     p.set_defaults(func=cmd_experiment)

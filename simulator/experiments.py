@@ -34,6 +34,7 @@ from arbiter.cluster import load_cluster
 from arbiter.policies.themis import DEFAULT_FAIRNESS_KNOB
 from arbiter.rounds import DEFAULT_LEASE_S
 from simulator.plots import compare_plots, line_plot
+from simulator.run_store import RunStore
 from simulator.runs import console, run_seeds
 from simulator.seeds import aggregate
 
@@ -65,7 +66,7 @@ class Setup:
     and the setup (``sim`` or ``paper``: which cluster Figs. 9-12 run on, which workload Fig. 12 uses)."""
 
     def __init__(self, out: Path, quick: bool, seed: int, seeds: int, workers: int | None,
-                 policies: Sequence[str] | None, setup: str = "sim"):
+                 policies: Sequence[str] | None, setup: str = "sim", reuse: bool = True):
         if setup not in SETUPS:
             raise ValueError(f"unknown setup {setup!r}; choose from {', '.join(SETUPS)}")
         self.out, self.quick, self.workers, self.name = out, quick, workers, setup
@@ -74,6 +75,7 @@ class Setup:
         self.cluster = SETUPS[setup]["cluster"]
         self.gpus = load_cluster(self.cluster).size
         self.fig12_workload = SETUPS[setup]["fig12_workload"]
+        self.store = RunStore(out / "runs", reuse=reuse)
 
     def header(self, figure: str) -> dict[str, Any]:
         """What every result starts with: the figure, mode, seeds, setup and cluster (and, in quick
@@ -85,7 +87,7 @@ class Setup:
 
     def run(self, runs: Sequence[dict[str, Any]], label: str) -> list[dict[str, Any]]:
         """Each run (``simulate`` keyword arguments) at every seed -> its multi-seed aggregate."""
-        per_run = run_seeds(runs, self.seeds, self.workers, label)
+        per_run = run_seeds(runs, self.seeds, self.workers, label, self.store)
         return [{**aggregate(summaries), "per_seed": [_headline(s) for s in summaries], "first": summaries[0]}
                 for summaries in per_run]
 
@@ -351,13 +353,22 @@ def check_setup(name: str, setup: str) -> None:
 
 def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, seeds: int = DEFAULT_SEEDS,
                    workers: int | None = None, policies: Sequence[str] | None = None,
-                   setup: str = "sim") -> dict[str, Any]:
+                   setup: str = "sim", reuse: bool = True) -> dict[str, Any]:
+    """Run experiment ``name`` into ``out``. Finished runs are kept in ``out/runs``
+    (``simulator.run_store``): with ``reuse`` (the default) a run kept there for the same
+    arguments and code is not simulated again, so more seeds, or a re-run after an interruption,
+    cost only the missing runs. The result says how many runs it reused and simulated."""
     if seeds < 1:
         raise ValueError("--seeds must be at least 1")
     check_setup(name, setup)
     out.mkdir(parents=True, exist_ok=True)
     if quick:
         console.print(f"[yellow]{name} --quick does not reproduce:[/] " + "; ".join(QUICK_CAVEATS))
-    result = EXPERIMENTS[name](Setup(out, quick, seed, seeds, workers, policies, setup))
+    the_setup = Setup(out, quick, seed, seeds, workers, policies, setup, reuse=reuse)
+    result = EXPERIMENTS[name](the_setup)
+    store = the_setup.store
+    result["runs_reused"], result["runs_simulated"] = store.reused, store.simulated
+    if store.reused:
+        console.print(f"{name}: {store.reused} runs taken from {store.folder}, {store.simulated} simulated")
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result

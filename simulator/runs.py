@@ -17,6 +17,7 @@ from arbiter.policies import make_policy
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S, Simulation
 from simulator.metrics import summarize
+from simulator.run_store import RunStore, simulate_and_keep
 from simulator.workloads import load_workload
 
 __all__ = ["run_seeds", "simulate", "simulate_quietly"]
@@ -90,16 +91,29 @@ def simulate_quietly(**kw: Any) -> dict[str, Any]:
 
 
 def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int | None,
-              label: str) -> list[list[dict[str, Any]]]:
+              label: str, store: RunStore | None = None) -> list[list[dict[str, Any]]]:
     """Every run (``simulate`` keyword arguments) at every seed, in parallel processes with a
-    progress bar; per run, its summaries in seed order."""
+    progress bar; per run, its summaries in seed order. With a ``store``, runs it keeps are taken
+    from it and only the others are simulated (each kept as soon as it ends)."""
     from simulator.seeds import run_parallel
 
     jobs = [{**run, "seed": seed} for run in runs for seed in seeds]
+    done: list[dict[str, Any] | None] = [store.get(job) if store else None for job in jobs]
+    todo = [i for i, summary in enumerate(done) if summary is None]
+    if store is not None:
+        store.reused += len(jobs) - len(todo)
+        store.simulated += len(todo)
+        calls = [{"folder": str(store.folder), "code": store.code, "job": jobs[i]} for i in todo]
+        fn: Any = simulate_and_keep
+    else:
+        calls, fn = [jobs[i] for i in todo], simulate_quietly
+    kept = len(jobs) - len(todo)
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("runs", total=len(jobs))
-        done = run_parallel(simulate_quietly, jobs, workers=workers,
-                            progress=lambda n: bar.update(task, completed=n))
+                  TextColumn(f"({kept} kept)" if kept else ""), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("runs", total=len(jobs), completed=kept)
+        fresh = run_parallel(fn, calls, workers=workers, progress=lambda n: bar.update(task, completed=kept + n))
+    for i, summary in zip(todo, fresh):
+        done[i] = summary
     k = len(seeds)
-    return [done[i * k:(i + 1) * k] for i in range(len(runs))]
+    return [done[i * k:(i + 1) * k] for i in range(len(runs))]  # type: ignore[misc]

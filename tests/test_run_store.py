@@ -1,0 +1,87 @@
+"""Kept runs (simulator.run_store): more seeds simulate only the new ones, a kept run is what a new
+simulation returns, changed code or arguments are not reused, unreadable files are set aside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simulator.experiments import Setup
+from simulator.run_store import RunStore, code_fingerprint
+from simulator.runs import run_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = str(ROOT / "examples" / "trace.csv")
+RUNS = [{"cluster": "testbed-64", "workload": TRACE, "policy": "themis"},
+        {"cluster": "testbed-64", "workload": TRACE, "policy": "fifo"}]
+
+
+def _outcome(summary: dict) -> dict:
+    """A summary without its timings (the only fields two identical simulations may differ in)."""
+    return json.loads(json.dumps({k: v for k, v in summary.items() if k != "wall_seconds"}))
+
+
+def test_more_seeds_simulate_only_the_new_ones_and_a_kept_run_is_a_fresh_one(tmp_path):
+    folder = tmp_path / "runs"
+    first = RunStore(folder)
+    two = run_seeds(RUNS, [0, 1], 2, "two seeds", first)  # kept by the worker processes
+    assert (first.reused, first.simulated) == (0, 4)
+    assert len(list(folder.glob("*.json"))) == 4
+
+    more = RunStore(folder)
+    three = run_seeds(RUNS, [0, 1, 2], 1, "three seeds", more)
+    assert (more.reused, more.simulated) == (4, 2)
+    assert len(list(folder.glob("*.json"))) == 6
+    for kept, earlier in zip(three, two):
+        assert [s["seed"] for s in kept] == [0, 1, 2]
+        assert [_outcome(s) for s in kept[:2]] == [_outcome(s) for s in earlier]
+
+    fresh = RunStore(tmp_path / "elsewhere", reuse=False)
+    again = run_seeds(RUNS, [0, 1, 2], 1, "fresh", fresh)
+    assert (fresh.reused, fresh.simulated) == (0, 6)
+    assert [[_outcome(s) for s in per_run] for per_run in again] == [[_outcome(s) for s in r] for r in three]
+
+
+def test_changed_code_or_arguments_get_other_keys():
+    store = RunStore(Path("unused"), code="a")
+    job = {**RUNS[0], "seed": 0}
+    assert store.key(job) == RunStore(Path("unused"), code="a").key(dict(reversed(list(job.items()))))
+    assert store.key(job) != RunStore(Path("unused"), code="b").key(job)
+    assert store.key(job) != store.key({**job, "seed": 1})
+    assert store.key(job) != store.key({**job, "workload_knobs": {"load": 0.9}})
+    assert store.key({**job, "strategy": ("misestimate", 5.0, ("*",))}) != store.key(
+        {**job, "strategy": ("misestimate", 10.0, ("*",))})
+    assert len(code_fingerprint()) == 64 and code_fingerprint() == code_fingerprint()
+
+
+def test_the_fingerprint_covers_the_users_profile_tables(tmp_path, monkeypatch):
+    table = tmp_path / "mine.toml"
+    table.write_text("# one table\n")
+    monkeypatch.setenv("THEMIS_PROFILES", str(table))
+    before = code_fingerprint()
+    table.write_text("# another table\n")
+    assert code_fingerprint() != before
+
+
+def test_an_unreadable_kept_run_is_set_aside_and_simulated_again(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    job = {**RUNS[1], "seed": 0}
+    store.folder.mkdir(parents=True)
+    store.path(job).write_text('{"job": {"cut off')
+    [[summary]] = run_seeds(RUNS[1:], [0], 1, "corrupt", store)
+    assert (store.reused, store.simulated) == (0, 1)
+    assert summary["policy"] == "fifo" and summary["seed"] == 0
+    assert store.path(job).with_suffix(".corrupt").read_text() == '{"job": {"cut off'
+    assert RunStore(store.folder).get(job) is not None
+
+
+def test_an_experiment_setup_keeps_its_runs_in_its_output_folder(tmp_path):
+    first = Setup(tmp_path, quick=True, seed=0, seeds=2, workers=1, policies=None)
+    runs = first.run(RUNS[1:], "setup")
+    assert (first.store.reused, first.store.simulated) == (0, 2)
+    assert first.store.folder == tmp_path / "runs"
+    again = Setup(tmp_path, quick=True, seed=0, seeds=3, workers=1, policies=None)
+    more = again.run(RUNS[1:], "setup")
+    assert (again.store.reused, again.store.simulated) == (2, 1)
+    assert more[0]["max_rho"]["values"][:2] == runs[0]["max_rho"]["values"]
+    assert len(more[0]["max_rho"]["values"]) == 3
