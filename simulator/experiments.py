@@ -278,7 +278,8 @@ def fig15(setup: Setup) -> dict[str, Any]:
     seeds = len(setup.seeds) if setup.quick else max(len(setup.seeds), 10)
     runs = {rank: run_strategic(strategy="overreport-spread", levels=levels, liars=1, cluster=cluster,
                                 workload=str(trace), seed=setup.seeds[0], seeds=seeds, workers=setup.workers,
-                                out=setup.out if rank == "reported" else setup.out / "rank-measured", rank=rank)
+                                out=setup.out if rank == "reported" else setup.out / "rank-measured", rank=rank,
+                                store=setup.store)
             for rank in RANKS}
     return {"figure": "fig15", "quick": setup.quick, **runs["reported"], "measured_rank": runs["measured"]}
 

@@ -341,14 +341,15 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
                   workload: str, seed: int, out: Path, fairness_knob: float = 0.8, lease: float = 600.0,
                   seeds: int = 5, workers: int | None = None, policy: str = "themis",
                   workload_knobs: dict[str, Any] | None = None, rank: str = "reported",
-                  max_contenders: int | None = None) -> dict[str, Any]:
+                  max_contenders: int | None = None, store: Any = None) -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
     the per-seed values, the share of seeds in which the liars finished sooner, and the liars'
     hidden payments (1 - c_i over their auction wins, D8). ``liars`` is how many of the workload's
     first apps lie, or their ids; ``policy`` is the arbiter's policy (lies only matter to Themis);
-    ``rank`` is where the rho that ranks the liars comes from (D21)."""
+    ``rank`` is where the rho that ranks the liars comes from (D21); ``store`` (a
+    ``simulator.run_store.RunStore``) keeps the runs, as an experiment's do."""
     from simulator.plots import line_plot
     from simulator.runs import run_seeds
     from simulator.seeds import interval
@@ -372,7 +373,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
              "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders}
             for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
-    per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds")
+    per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds",
+                               store)
 
     def measure(summary: dict[str, Any]) -> dict[str, float]:
         lied = [a for a in summary["apps"] if a["app"] in chosen]

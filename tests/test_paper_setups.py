@@ -33,7 +33,9 @@ def test_setup_option_is_parsed_and_defaults_to_sim(monkeypatch, tmp_path):
     monkeypatch.setattr(experiments, "run_experiment", lambda name, out, **kw: seen.append({"name": name, **kw}))
     assert main(["experiment", "fig12", "--setup", "paper", "--seeds", "1", "--out", str(tmp_path)]) == 0
     assert main(["experiment", "fig9", "--out", str(tmp_path)]) == 0
-    assert [(s["name"], s["setup"]) for s in seen] == [("fig12", "paper"), ("fig9", "sim")]
+    assert main(["experiment", "fig9", "--fresh", "--out", str(tmp_path)]) == 0
+    assert [(s["name"], s["setup"]) for s in seen] == [("fig12", "paper"), ("fig9", "sim"), ("fig9", "sim")]
+    assert [s["reuse"] for s in seen] == [True, True, False]  # --fresh: kept runs are not read
 
 
 def test_paper_fig12_is_workload1_on_testbed_64_and_its_halves(recorded, tmp_path):
