@@ -13,6 +13,8 @@ the ``agent``, ``arbiter``, ``simulator`` and ``protos`` packages, the Philly tr
 tables, plus the plugins and profile tables named in the environment (``THEMIS_PLUGINS``,
 ``THEMIS_PROFILES``). Outcomes are deterministic given these (D16), so a kept run is exactly what a
 new one would return; any change to the code gives new keys, and old runs are simply not found.
+Plugin files are hashed by content; a plugin given as a module name, and plugins installed as
+entry points, are not (only the name is): after editing one, run with ``--fresh``.
 Each run is written by the process that simulated it as soon as it ends (a temporary file renamed
 into place), so an interrupted experiment keeps what finished. A file that cannot be read is
 reported, set aside with a ``.corrupt`` suffix and simulated again.
