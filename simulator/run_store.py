@@ -118,9 +118,10 @@ class RunStore:
 
 def simulate_and_keep(folder: str, code: str, job: dict[str, Any]) -> dict[str, Any]:
     """Worker side of :func:`simulator.runs.run_seeds`: simulate ``job`` and keep its summary at
-    once, so an interrupted experiment keeps every run that finished."""
+    once, so an interrupted experiment keeps every run that finished. The summary comes back as it
+    was kept (through JSON: tuples become lists), so fresh and kept runs aggregate alike."""
     from simulator.runs import simulate_quietly
 
-    summary = simulate_quietly(**job)
+    summary = json.loads(json.dumps(simulate_quietly(**job), default=repr))
     RunStore(Path(folder), code).put(job, summary)
     return summary

@@ -35,6 +35,7 @@ def test_more_seeds_simulate_only_the_new_ones_and_a_kept_run_is_a_fresh_one(tmp
     for kept, earlier in zip(three, two):
         assert [s["seed"] for s in kept] == [0, 1, 2]
         assert [_outcome(s) for s in kept[:2]] == [_outcome(s) for s in earlier]
+        assert kept[:2] == earlier  # kept and fresh summaries are alike, so they aggregate alike
 
     fresh = RunStore(tmp_path / "elsewhere", reuse=False)
     again = run_seeds(RUNS, [0, 1, 2], 1, "fresh", fresh)
