@@ -8,7 +8,8 @@ an interrupted run started again simulates only what had not finished (``--fresh
 store).
 
 A run is kept under a key that names everything its outcome depends on: the ``simulate`` keyword
-arguments (seed included) and a fingerprint of the code and data that simulate it -- every file of
+arguments (seed included), the contents of a trace or cluster file they name, and a fingerprint of
+the code and data that simulate it -- every file of
 the ``agent``, ``arbiter``, ``simulator`` and ``protos`` packages, the Philly trace and the slowdown
 tables, plus the plugins and profile tables named in the environment (``THEMIS_PLUGINS``,
 ``THEMIS_PROFILES``). Outcomes are deterministic given these (D16), so a kept run is exactly what a
@@ -80,8 +81,14 @@ class RunStore:
         self.simulated = 0
 
     def key(self, job: Mapping[str, Any]) -> str:
-        """The file stem for a run: a digest of its arguments and the code fingerprint."""
-        text = json.dumps({"job": job, "code": self.code}, sort_keys=True, default=repr)
+        """The file stem for a run: a digest of its arguments, the contents of the files they name
+        (a trace or cluster given as a path), and the code fingerprint."""
+        files = {}
+        for name in ("cluster", "workload"):
+            value = job.get(name)
+            if isinstance(value, str) and Path(value).is_file():
+                files[name] = hashlib.sha256(Path(value).read_bytes()).hexdigest()
+        text = json.dumps({"job": job, "files": files, "code": self.code}, sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def path(self, job: Mapping[str, Any]) -> Path:

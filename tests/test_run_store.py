@@ -55,6 +55,16 @@ def test_changed_code_or_arguments_get_other_keys():
     assert len(code_fingerprint()) == 64 and code_fingerprint() == code_fingerprint()
 
 
+def test_an_edited_trace_file_gets_another_key(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text(Path(TRACE).read_text())
+    store = RunStore(tmp_path / "runs", code="a")
+    job = {"cluster": "testbed-64", "workload": str(trace), "policy": "fifo", "seed": 0}
+    before = store.key(job)
+    trace.write_text(Path(TRACE).read_text().replace(",0,", ",60,", 1))
+    assert store.key(job) != before
+
+
 def test_the_fingerprint_covers_the_users_profile_tables(tmp_path, monkeypatch):
     table = tmp_path / "mine.toml"
     table.write_text("# one table\n")
