@@ -10,6 +10,9 @@ takes ``--plugin FILE_OR_MODULE`` (repeatable) to add policies, workloads or str
 outside the repository (``simulator.plugins``), and run/compare/strategic take
 ``--workload-knob NAME=VALUE`` (repeatable; VALUE is JSON, else a string) for the workload's knobs;
 ``--profiles FILE`` adds models to the slowdown table (``agent.placement.use_profiles``).
+compare, experiment and strategic keep each finished run in ``OUT/runs`` (``simulator.run_store``),
+so the same command with more seeds, or after an interruption, simulates only what is missing;
+``--fresh`` simulates everything again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from arbiter.policies import POLICIES
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S
 from simulator.metrics import write_summary
+from simulator.run_store import RunStore
 from simulator.runs import run_seeds, simulate
 from simulator.strategic import RANKS
 
@@ -168,6 +172,12 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     _add_profiles(p)
 
 
+def _add_fresh(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fresh", action="store_true",
+                   help="simulate every run again instead of taking the runs kept in OUT/runs for the same "
+                        "arguments and code (more seeds, or a resumed run, otherwise cost only the missing runs)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     summary = simulate(cluster=args.cluster, workload=args.workload, policy=args.policy,
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
@@ -193,11 +203,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
                   workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders)
+    store = RunStore(args.out / "runs", reuse=not args.fresh)
     if args.seeds == 1 and (args.workers or 1) == 1:
-        per_policy = [[simulate(policy=p, seed=seeds[0], **common)] for p in policies]
+        per_policy = [[_simulate_kept(store, {"policy": p, "seed": seeds[0], **common})] for p in policies]
     else:
         per_policy = run_seeds([{"policy": p, **common} for p in policies], seeds, args.workers,
-                               f"{len(policies)} policies x {len(seeds)} seeds")
+                               f"{len(policies)} policies x {len(seeds)} seeds", store)
+    _say_kept(store)
     rows = []
     for policy, runs in zip(policies, per_policy):
         for seed, summary in zip(seeds, runs):
@@ -210,6 +222,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         [{k: v for k, v in s.items() if k != "apps"} for s in rows], indent=1))
     console.print("wrote " + ", ".join(str(p) for p in [args.out / "comparison.json", *plots]))
     return 0
+
+
+def _simulate_kept(store: RunStore, job: dict[str, Any]) -> dict[str, Any]:
+    """One run in this process with its progress bar, taken from ``store`` if kept there; kept
+    through JSON like a worker's (``simulator.run_store.simulate_and_keep``)."""
+    kept = store.get(job)
+    if kept is not None:
+        store.reused += 1
+        return kept
+    summary = json.loads(json.dumps(simulate(**job), default=repr))
+    store.put(job, summary)
+    store.simulated += 1
+    return summary
+
+
+def _say_kept(store: RunStore) -> None:
+    if store.reused:
+        console.print(f"{store.reused} runs taken from {store.folder}, {store.simulated} simulated")
 
 
 def _policies(text: str | None) -> list[str] | None:
@@ -237,11 +267,13 @@ def cmd_strategic(args: argparse.Namespace) -> int:
 
     levels = [float(x) for x in args.levels.split(",") if x.strip()]
     liars: int | list[str] = [a.strip() for a in args.liar.split(",")] if args.liar else args.liars
+    store = RunStore(args.out / "runs", reuse=not args.fresh)
     run_strategic(strategy=args.strategy, levels=levels, liars=liars, cluster=args.cluster,
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
                   workload_knobs=dict(args.workload_knob) or None, rank=args.rank,
-                  max_contenders=args.max_contenders)
+                  max_contenders=args.max_contenders, store=store)
+    _say_kept(store)
     return 0
 
 
@@ -271,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--seeds", type=int, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
     p.add_argument("--workers", type=int, default=None, help="processes for the seeds (default: the machine's cores)")
+    _add_fresh(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("experiment", help="reproduce one of the paper's figures")
     p.add_argument("name")
@@ -283,9 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--setup", choices=("sim", "paper"), default="sim",
                    help="sim: every figure on sim-256, Fig. 12 with Workload 2 (default); paper: Figs. 9-12 on "
                         "testbed-64 as the paper ran them, Fig. 12 with Workload 1")
-    p.add_argument("--fresh", action="store_true",
-                   help="simulate every run again instead of taking the runs kept in OUT/runs for the same "
-                        "arguments and code (more seeds, or a resumed run, otherwise cost only the missing runs)")
+    _add_fresh(p)
     _add_plugin(p)
     _add_profiles(p)
     p.set_defaults(func=cmd_experiment)
@@ -300,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rank", choices=RANKS, default="reported",
                    help="the rho that ranks the liars (D21): as they report it, or computed by the arbiter "
                         "with their measured slowdowns")
+    _add_fresh(p)
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
     _use_profiles(args)

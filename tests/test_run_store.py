@@ -96,3 +96,42 @@ def test_an_experiment_setup_keeps_its_runs_in_its_output_folder(tmp_path):
     assert (again.store.reused, again.store.simulated) == (2, 1)
     assert more[0]["max_rho"]["values"][:2] == runs[0]["max_rho"]["values"]
     assert len(more[0]["max_rho"]["values"]) == 3
+
+
+def _mark_kept_runs(folder: Path, field: str, value: float) -> int:
+    """Overwrite ``field`` in every kept summary: a value no simulation gives, so a command that
+    shows it has read the store instead of simulating."""
+    for path in folder.glob("*.json"):
+        kept = json.loads(path.read_text())
+        kept["summary"][field] = value
+        path.write_text(json.dumps(kept))
+    return len(list(folder.glob("*.json")))
+
+
+def test_compare_keeps_its_runs_and_more_seeds_simulate_only_the_new_ones(tmp_path):
+    from simulator.cli import main
+
+    base = ["compare", "--cluster", "testbed-64", "--workload", TRACE, "--policies", "themis,fifo",
+            "--workers", "1", "--out", str(tmp_path)]
+    assert main([*base, "--seeds", "1"]) == 0  # one seed in this process, with its progress bar
+    assert _mark_kept_runs(tmp_path / "runs", "max_rho", 1234.5) == 2
+    assert main([*base, "--seeds", "2"]) == 0
+    rows = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["max_rho"]["values"][0] for r in rows] == [1234.5, 1234.5]  # seed 0 read, not simulated
+    assert all(r["max_rho"]["values"][1] < 1234.5 for r in rows)  # seed 1 simulated
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 4
+    assert main([*base, "--seeds", "2", "--fresh"]) == 0
+    rows = json.loads((tmp_path / "comparison.json").read_text())
+    assert all(max(r["max_rho"]["values"]) < 1234.5 for r in rows)
+
+
+def test_the_strategic_study_keeps_its_runs(tmp_path):
+    from simulator.cli import main
+
+    argv = ["strategic", "--strategy", "overreport-spread", "--levels", "0,50", "--seeds", "1", "--workers", "1",
+            "--cluster", "testbed-64", "--workload", TRACE, "--liar", "speech", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert _mark_kept_runs(tmp_path / "runs", "gpu_time", 777.0) == 2
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "strategic.json").read_text())
+    assert [p["gpu_time"]["mean"] for p in result["points"]] == [777.0, 777.0]
