@@ -6,7 +6,8 @@ the benchmarks import the runs without importing the command line that imports t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -90,6 +91,21 @@ def simulate_quietly(**kw: Any) -> dict[str, Any]:
     return simulate(show_progress=False, **kw)
 
 
+def _progress_lines(label: str, total: int, kept: int) -> Callable[[int], None]:
+    """Progress as one plain line per finished run, for a log file or a pipe (a long experiment
+    under ``nohup`` or in CI), where a live bar shows nothing until the end."""
+    started = time.monotonic()
+    if kept:
+        console.print(f"{label}: {kept} of {total} simulations kept, {total - kept} to run", highlight=False)
+
+    def line(done: int) -> None:
+        minutes, seconds = divmod(int(time.monotonic() - started), 60)
+        console.print(f"{label}: {kept + done} of {total} simulations done, {minutes}:{seconds:02d} elapsed",
+                      highlight=False)
+
+    return line
+
+
 def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int | None,
               label: str, store: RunStore | None = None) -> list[list[dict[str, Any]]]:
     """Every run (``simulate`` keyword arguments) at every seed, in parallel processes with a
@@ -108,11 +124,15 @@ def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int
     else:
         calls, fn = [jobs[i] for i in todo], simulate_quietly
     kept = len(jobs) - len(todo)
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
-                  TextColumn(f"({kept} kept)" if kept else ""), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("runs", total=len(jobs), completed=kept)
-        fresh = run_parallel(fn, calls, workers=workers, progress=lambda n: bar.update(task, completed=kept + n))
+    if console.is_terminal:
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
+                      TextColumn(f"({kept} kept)" if kept else ""), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            task = bar.add_task("runs", total=len(jobs), completed=kept)
+            fresh = run_parallel(fn, calls, workers=workers,
+                                 progress=lambda n: bar.update(task, completed=kept + n))
+    else:
+        fresh = run_parallel(fn, calls, workers=workers, progress=_progress_lines(label, len(jobs), kept))
     for i, summary in zip(todo, fresh):
         done[i] = summary
     k = len(seeds)

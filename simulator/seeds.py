@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -66,7 +66,8 @@ def aggregate(summaries: Sequence[Mapping[str, Any]], keys: Iterable[str] = METR
 def run_parallel(fn: Callable[..., T], jobs: Sequence[Mapping[str, Any]], *, workers: int | None = None,
                  progress: Callable[[int], None] | None = None) -> list[T]:
     """``fn(**job)`` for every job, in a pool of ``workers`` processes (default: the machine's
-    cores, at most the number of jobs); results in the order of ``jobs``.
+    cores, at most the number of jobs); results in the order of ``jobs``. ``progress`` is called
+    with the number of finished jobs as each one finishes, whatever its place in ``jobs``.
 
     The workers are spawned, not forked: a fork copies whatever threads and native state the
     parent holds (gRPC channels, solver and BLAS pools in a test run or a service), and one such
@@ -82,12 +83,16 @@ def run_parallel(fn: Callable[..., T], jobs: Sequence[Mapping[str, Any]], *, wor
         return out
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(fn, **job) for job in jobs]
-        out = []
-        for future in futures:
-            out.append(future.result())
-            if progress:
-                progress(len(out))
-        return out
+        try:
+            for done, future in enumerate(as_completed(futures), start=1):
+                future.result()
+                if progress:
+                    progress(done)
+        except BaseException:
+            for future in futures:  # a failed run (or Ctrl-C) ends the batch without running the rest
+                future.cancel()
+            raise
+        return [future.result() for future in futures]
 
 
 def fmt(stat: Mapping[str, Any] | float, spec: str = "{:.2f}", scale: float = 1.0) -> str:

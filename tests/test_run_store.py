@@ -135,3 +135,15 @@ def test_the_strategic_study_keeps_its_runs(tmp_path):
     assert main(argv) == 0
     result = json.loads((tmp_path / "strategic.json").read_text())
     assert [p["gpu_time"]["mean"] for p in result["points"]] == [777.0, 777.0]
+
+
+def test_progress_in_a_log_is_one_line_per_finished_run(tmp_path, capsys):
+    """Under nohup or in CI stderr is a file, where a live bar shows nothing until the end."""
+    store = RunStore(tmp_path / "runs")
+    run_seeds(RUNS[1:], [0], 1, "first", store)
+    capsys.readouterr()
+    run_seeds(RUNS[1:], [0, 1, 2], 1, "logged", store)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("logged:")]
+    assert lines[0] == "logged: 1 of 3 simulations kept, 2 to run"
+    assert [ln.split(", ")[0] for ln in lines[1:]] == ["logged: 2 of 3 simulations done",
+                                                       "logged: 3 of 3 simulations done"]

@@ -45,3 +45,52 @@ def test_parallel_runs_come_back_in_submission_order():
     assert run_parallel(_square, [{"x": k} for k in range(7)], workers=2, progress=seen.append) == [
         k * k for k in range(7)]
     assert seen == list(range(1, 8))
+
+
+def _wait_for_flag(flag: str) -> str:
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + 120
+    while not Path(flag).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("progress was not reported until this run ended")
+        time.sleep(0.01)
+    return "slow"
+
+
+def _at_once() -> str:
+    return "fast"
+
+
+def test_progress_counts_a_run_as_soon_as_it_ends_whatever_its_place(tmp_path):
+    """A long first run must not hold back the count of later ones (a 4x Themis run is 10 minutes)."""
+    flag = tmp_path / "flag"
+
+    def progress(done: int) -> None:
+        flag.touch()  # the first run waits for this: it can only end after a later run was counted
+
+    out = run_parallel(_dispatch, [{"kind": "slow", "flag": str(flag)}, {"kind": "fast", "flag": ""}],
+                       workers=2, progress=progress)
+    assert out == ["slow", "fast"]  # still in submission order
+
+
+def _dispatch(kind: str, flag: str) -> str:
+    return _wait_for_flag(flag) if kind == "slow" else _at_once()
+
+
+def _fail_or_mark(k: int, folder: str) -> int:
+    import time
+    from pathlib import Path
+
+    if k == 0:
+        raise RuntimeError("run 0 failed")
+    time.sleep(1.0)
+    Path(folder, str(k)).touch()
+    return k
+
+
+def test_a_failed_run_ends_the_batch_without_running_the_rest(tmp_path):
+    with pytest.raises(RuntimeError, match="run 0 failed"):
+        run_parallel(_fail_or_mark, [{"k": k, "folder": str(tmp_path)} for k in range(20)], workers=2)
+    assert len(list(tmp_path.iterdir())) < 19  # the queued runs were cancelled, not run
