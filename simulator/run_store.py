@@ -10,7 +10,9 @@ store).
 A run is kept under a key that names everything its outcome depends on: the ``simulate`` keyword
 arguments (seed included), the contents of a trace or cluster file they name, and a fingerprint of
 the code and data that simulate it -- every file of
-the ``agent``, ``arbiter``, ``simulator`` and ``protos`` packages, the Philly trace and the slowdown
+the ``agent``, ``arbiter``, ``simulator`` and ``protos`` packages except the few that only run,
+aggregate or draw simulations (``NOT_OUTCOME``: the command line, the experiments, the plots, the
+seed aggregation), the Philly trace and the slowdown
 tables, plus the plugins and profile tables named in the environment (``THEMIS_PLUGINS``,
 ``THEMIS_PROFILES``). Outcomes are deterministic given these (D16), so a kept run is exactly what a
 new one would return; any change to the code gives new keys, and old runs are simply not found.
@@ -36,16 +38,23 @@ __all__ = ["RunStore", "code_fingerprint"]
 ROOT = Path(__file__).resolve().parent.parent
 #: What a simulation's outcome depends on besides its arguments (folders: every file under them).
 CODE_PATHS = ("agent", "arbiter", "simulator", "protos", "data/philly", "data/profiles")
+#: Files under CODE_PATHS that only run, aggregate or draw the simulations: a change to them (a new
+#: flag, a plot, an experiment's table) leaves every kept run valid. An experiment's run arguments
+#: are part of each run's key, so editing them in ``experiments.py`` still gives new keys.
+NOT_OUTCOME = frozenset({"simulator/__main__.py", "simulator/cli.py", "simulator/experiments.py",
+                         "simulator/plots.py", "simulator/seeds.py"})
 _SUFFIXES = (".py", ".toml", ".csv", ".json", ".proto")
 
 
 @functools.cache
-def _tree_digest() -> str:
+def _tree_digest(root: Path = ROOT) -> str:
     digest = hashlib.sha256()
     for top in CODE_PATHS:
-        for path in sorted((ROOT / top).rglob("*")):
-            if path.is_file() and path.suffix in _SUFFIXES and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(ROOT)).encode())
+        for path in sorted((root / top).rglob("*")):
+            name = path.relative_to(root).as_posix()
+            if (path.is_file() and path.suffix in _SUFFIXES and "__pycache__" not in path.parts
+                    and name not in NOT_OUTCOME):
+                digest.update(name.encode())
                 digest.update(path.read_bytes())
     return digest.hexdigest()
 

@@ -147,3 +147,20 @@ def test_progress_in_a_log_is_one_line_per_finished_run(tmp_path, capsys):
     assert lines[0] == "logged: 1 of 3 simulations kept, 2 to run"
     assert [ln.split(", ")[0] for ln in lines[1:]] == ["logged: 2 of 3 simulations done",
                                                        "logged: 3 of 3 simulations done"]
+
+
+def test_the_fingerprint_skips_code_that_only_runs_or_draws_simulations(tmp_path):
+    from simulator.run_store import NOT_OUTCOME, _tree_digest
+
+    (tmp_path / "simulator").mkdir()
+    for name in ("simulator/engine.py", "simulator/plots.py", "simulator/cli.py"):
+        (tmp_path / name).write_text("# v1\n")
+    assert {"simulator/plots.py", "simulator/cli.py"} <= NOT_OUTCOME
+    before = _tree_digest(tmp_path)
+    (tmp_path / "simulator" / "plots.py").write_text("# a new plot\n")
+    (tmp_path / "simulator" / "cli.py").write_text("# a new flag\n")
+    _tree_digest.cache_clear()
+    assert _tree_digest(tmp_path) == before
+    (tmp_path / "simulator" / "engine.py").write_text("# v2\n")
+    _tree_digest.cache_clear()
+    assert _tree_digest(tmp_path) != before
