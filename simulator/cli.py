@@ -123,6 +123,17 @@ def _knob(text: str) -> tuple[str, Any]:
         return name.strip(), value
 
 
+def _count(text: str) -> int:
+    """--seeds and --workers: a whole number of at least 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_plugin(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="a .py file or module that registers policies, workloads or strategies (repeatable)")
@@ -197,8 +208,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise SystemExit(f"themis-sim: unknown policies {unknown}; choose from {', '.join(sorted(POLICIES))}")
-    if args.seeds < 1:
-        raise SystemExit("themis-sim: --seeds must be at least 1")
     seeds = list(range(args.seed, args.seed + args.seeds))
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
@@ -301,16 +310,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("compare", help="simulate several policies on the same workload")
     _add_common(p, policy=False)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
-    p.add_argument("--seeds", type=int, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
-    p.add_argument("--workers", type=int, default=None, help="processes for the seeds (default: the machine's cores)")
+    p.add_argument("--seeds", type=_count, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
+    p.add_argument("--workers", type=_count, default=None, help="processes for the seeds (default: the machine's cores)")
     _add_fresh(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("experiment", help="reproduce one of the paper's figures")
     p.add_argument("name")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0, help="the first seed")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per point: mean and 95%% interval")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
+    p.add_argument("--seeds", type=_count, default=5, help="seeds per point: mean and 95%% interval")
+    p.add_argument("--workers", type=_count, default=None, help="processes (default: the machine's cores)")
     p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
     p.add_argument("--setup", choices=("sim", "paper"), default="sim",
@@ -326,8 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--levels", default="0,10,20,30,40,50,60,70,80,90,100", help="lie sizes in percent")
     p.add_argument("--liars", type=int, default=1, help="the first K apps of the workload lie")
     p.add_argument("--liar", default=None, help="comma-separated app ids that lie (instead of --liars)")
-    p.add_argument("--seeds", type=int, default=5, help="seeds: mean and 95%% interval")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: the machine's cores)")
+    p.add_argument("--seeds", type=_count, default=5, help="seeds: mean and 95%% interval")
+    p.add_argument("--workers", type=_count, default=None, help="processes (default: the machine's cores)")
     p.add_argument("--rank", choices=RANKS, default="reported",
                    help="the rho that ranks the liars (D21): as they report it, or computed by the arbiter "
                         "with their measured slowdowns")

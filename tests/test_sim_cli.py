@@ -49,6 +49,20 @@ def test_unknown_policy_and_experiment_are_refused(tmp_path):
         main(["experiment", "fig99", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("argv", [
+    ["experiment", "fig12", "--seeds", "0"], ["experiment", "fig12", "--workers", "0"],
+    ["compare", "--workers", "-1"], ["compare", "--seeds", "two"], ["strategic", "--strategy", "truthful", "--seeds", "0"],
+])
+def test_seeds_and_workers_below_one_are_refused_naming_the_flag(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    flag = argv[-2]
+    assert f"argument {flag}:" in err and ("at least 1" in err or "whole number" in err)
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
 def test_strategic_study_writes_points_for_each_level(tmp_path):
     assert main(["strategic", "--strategy", "overreport-spread", "--levels", "0,50", "--seeds", "2", "--workers", "1",
                  "--cluster", "testbed-64", "--workload", str(TRACE), "--liar", "speech", "--out", str(tmp_path)]) == 0
