@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 from agent.agent import Agent
 from agent.appsched import AppScheduler, CurveStoppingScheduler, JobInfo, SuccessiveHalvingScheduler
 from agent.bidding import make_bid
+from agent.fairness import TimeLeftCache
 from agent.placement import Position, Slowdown
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 from simulator.workload import AppSpec
@@ -73,7 +74,8 @@ class BiddingStrategy(ABC):
         self.rng = random.Random(f"{self.name}:{seed}")
 
     def edit(self, job: JobInfo) -> JobInfo:
-        """One job as the agent describes it (default: as it is)."""
+        """One job as the agent describes it (default: as it is). A pure function of the job: the
+        agent keeps what it computed from the edited jobs until the app's work changes."""
         return job
 
     def view(self, app: AppScheduler) -> AppScheduler:
@@ -243,6 +245,16 @@ class _Described:
         self.app, self.edit = app, edit
         self.start_time = app.start_time
 
+    @property
+    def version(self) -> int:
+        """The app's own: an edit is a pure function of a job, so the view changes when the app
+        does, and an agent's ``TimeLeftCache`` on the view stays valid between rounds."""
+        return self.app.version
+
+    @property
+    def plan_version(self) -> int:
+        return self.app.plan_version
+
     def budget(self) -> float:
         return self.app.budget()
 
@@ -287,18 +299,23 @@ class StrategicAgent(Agent):
         super().__init__(app, name=name, restart_s=restart_s)
         self.plan = plan
         self.rank = check_rank(rank)
-
-    def _ranked_view(self) -> AppScheduler:
+        # The app as the agent describes it in bids and in the rank, each with its remaining times
+        # kept between rounds while the app is unchanged (as a truthful Agent keeps its own).
+        self._bid_view = plan.view(app)
+        self._bid_left = TimeLeftCache(self._bid_view)
         if self.rank == "reported":
-            return self.plan.view(self.app)
-        return described(self.app, lambda j: replace(self.plan.edit(j), slowdown=j.slowdown))
+            self._rank_view, self._rank_left = self._bid_view, self._bid_left
+        else:
+            self._rank_view = described(app, lambda j: replace(plan.edit(j), slowdown=j.slowdown))
+            self._rank_left = TimeLeftCache(self._rank_view)
 
     def report(self, request: RhoRequest) -> RhoReport:
-        truthful_app, self.app = self.app, self._ranked_view()
+        truthful = self.app, self._cache
+        self.app, self._cache = self._rank_view, self._rank_left
         try:
             answer = super().report(request)
         finally:
-            self.app = truthful_app
+            self.app, self._cache = truthful
         if self.plan.claims_infinity and self.rank == "reported":
             return replace(answer, rho=math.inf)
         return answer
@@ -306,8 +323,8 @@ class StrategicAgent(Agent):
     def bid(self, offer: Offer) -> BidTable:
         if not self.plan.sends_bid:
             raise WithheldBid(f"{self.name or 'the app'} withholds its bid")
-        return self.plan.adjust(make_bid(self.plan.view(self.app), offer, alternatives=self.alternatives,
-                                         salt=self.name, restart_s=self.restart_s))
+        return self.plan.adjust(make_bid(self._bid_view, offer, alternatives=self.alternatives,
+                                         time_left=self._bid_left, salt=self.name, restart_s=self.restart_s))
 
 
 def make_strategy(name: str, level: float, seed: int | str = 0) -> BiddingStrategy:

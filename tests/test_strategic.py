@@ -162,3 +162,29 @@ def test_fig15_lie_pays_through_the_reported_rank_and_not_through_the_measured_o
     assert liar_jct(0.0, "measured") == truthful
     assert liar_jct(50.0, "reported") < 0.97 * truthful
     assert liar_jct(50.0, "measured") >= 0.99 * truthful
+
+
+@pytest.mark.parametrize("rank", ["reported", "measured"])
+def test_a_liar_keeps_its_remaining_times_between_rounds_only_while_its_app_is_unchanged(rank):
+    """The liar's view of its app (and its rank's) carries the app's version, so what it computed
+    stays valid while nothing moved and is recomputed once its jobs progress or a phase ends."""
+    from protos.messages import RhoRequest
+
+    a = app()
+    liar = StrategicAgent(a, make_strategy("misestimate", 20, seed=3), rank=rank)
+    spread = {g: CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")}
+    request = RhoRequest(1, "liar", 100.0, 2.0, 256, spread)
+
+    def fresh():  # the same liar with nothing kept
+        twin = StrategicAgent(a, make_strategy("misestimate", 20, seed=3), rank=rank)
+        return twin.bid(offer()), twin.report(request)
+
+    first = (liar.bid(offer()), liar.report(request))
+    assert first == fresh()
+    for job in a.phase_jobs():
+        a.advance(job, 60)
+    moved = (liar.bid(offer()), liar.report(request))
+    assert moved == fresh() and moved != first
+    a.end_phase(a.phase_jobs()[:2])
+    ended = (liar.bid(offer()), liar.report(request))
+    assert ended == fresh() and ended != moved
