@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,18 @@ def line_plot(out: Path, x: Sequence[float], series: dict[str, Sequence[float]],
     return _save(fig, out)
 
 
+def fit_titles(fig, width: int = 58) -> None:
+    """Wrap each axes title to ``width`` characters: an experiment's titles name the figure, the
+    workload, the cluster, the metric and the seeds, and on one line they ran off both edges."""
+    for ax in fig.axes:
+        title = ax.get_title()
+        if len(title) > width:
+            ax.set_title(textwrap.fill(title, width), fontsize=10)
+
+
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    fit_titles(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
