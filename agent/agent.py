@@ -31,11 +31,14 @@ class Agent:
     restart_s: float = 0.0  # what moving its jobs to other GPUs costs it (D11): bids carry it (D17)
     _cache: TimeLeftCache | None = field(default=None, repr=False)
 
-    def time_left(self, gpus: Sequence[Position]) -> float:
-        """The app's remaining time under ``gpus``, reused across rounds while it is unchanged."""
+    def _left(self) -> TimeLeftCache:
         if self._cache is None or self._cache.app is not self.app:
             self._cache = TimeLeftCache(self.app)
-        return self._cache(gpus)
+        return self._cache
+
+    def time_left(self, gpus: Sequence[Position]) -> float:
+        """The app's remaining time under ``gpus``, reused across rounds while it is unchanged."""
+        return self._left()(gpus)
 
     def report(self, request: RhoRequest) -> RhoReport:
         """Rho with what the app held as the round opened (D2-D4, D13), its demand, its waiting rho
@@ -62,5 +65,5 @@ class Agent:
         )
 
     def bid(self, offer: Offer) -> BidTable:
-        return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self.time_left, salt=self.name,
+        return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self._left(), salt=self.name,
                         restart_s=self.restart_s)

@@ -16,6 +16,7 @@ import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from agent.placement import NO_SLOWDOWN, Position, Slowdown
 
@@ -48,6 +49,10 @@ class AppScheduler(ABC):
     version: int = 0
     #: bumped whenever what the app says about phases after the current one changes (D3's estimates)
     plan_version: int = 0
+    #: True when the jobs an app lists (their iterations and serial times) depend on the allocation
+    #: it is asked about. None of the schedulers here do; bids then skip the GPU counts whose best
+    #: placement cannot beat rho_old (``agent.fairness.least_time_left``), which needs that.
+    work_depends_on_allocation: ClassVar[bool] = False
 
     def touch(self, *, plan: bool = True) -> None:
         """The app's work changed. ``plan=False`` says only the current phase progressed, so

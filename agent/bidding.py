@@ -16,7 +16,9 @@ machine instead of all naming the same few (D7, D19).
 Rack and spread candidates come twice: fullest machines first, and once more from only the machines
 too small to host k alone, so an app can say what it would do with the fragments and leave a
 consolidated machine to an app that needs it more. Rows no better than ``rho_old`` are dropped:
-the auction could never pick them.
+the auction could never pick them. A GPU count whose best conceivable placement (every job at its
+least slowdown, no restart) is no better than ``rho_old`` is skipped before its candidates are
+built: on a 1,024-GPU, 150-app run 81% of the rows computed lay in such counts.
 
 In an offer of at most ``SINGLE_ROWS`` (32) GPUs, every GPU is also a 1-GPU row of its own (D18).
 The containers above always start with their lowest-numbered GPU, so before that every app's 1-GPU
@@ -42,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from agent.appsched import AppScheduler
-from agent.fairness import TimeLeftCache, finish_time_fairness
+from agent.fairness import TimeLeftCache, finish_time_fairness, least_time_left
 from agent.placement import Position
 from protos.messages import BidTable, Offer
 
@@ -321,6 +323,15 @@ def make_bid(
         return BidTable(rho_old, ())
     rows: list[tuple[frozenset[str], float]] = []
     counts = useful_counts(min(remaining, len(offer.gpus)))
+    if not app.work_depends_on_allocation:
+        least_of = left_of.least if isinstance(left_of, TimeLeftCache) else (lambda n: least_time_left(app, n))
+
+        def may_beat_rho_old(k: int) -> bool:
+            best = finish_time_fairness(app, (), now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size,
+                                        left=least_of(len(held) + k))
+            return best < rho_old
+
+        counts = [k for k in counts if may_beat_rho_old(k)]
     for gids in candidate_sets(offer.gpus, held, counts, alternatives, offer.previous, salt):
         value = rho(held_positions + [offer.gpus[g] for g in gids], frozenset(held) | gids)
         if value < rho_old:

@@ -112,12 +112,14 @@ def densest_first(gpus: Sequence[Position]) -> list[Position]:
     return [p for _, machines in racks for _, slots in machines for slot in slots for p in slot]
 
 
-def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bool = False) -> float:
+def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bool = False,
+               least: bool = False) -> float:
     """Time for ``jobs`` to all finish on ``gpus`` (D3): T_sh(i) = max over jobs.
 
     With at least as many GPUs as jobs, each job gets a contiguous run of the densest-first order
     (``ordered=True`` says ``gpus`` already is in that order); with fewer GPUs than jobs, jobs queue
-    one GPU each, packed for the smallest makespan.
+    one GPU each, packed for the smallest makespan. With ``least``, each job runs at the least
+    slowdown it has whatever its run's level: a lower bound over every placement of len(gpus).
     """
     live = [j for j in jobs if j.iters_remaining > 0]
     if not live:
@@ -132,8 +134,8 @@ def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bo
             job, n = live[k], counts[k]
             level = _run_level(order[start], order[start + n - 1]) if n > 1 else 0
             start += n
-            t = job.iters_remaining * job.iter_time_serial * (job.slowdown[level] if n > 1 else 1.0) / min(
-                n, job.demand_max)
+            factor = (min(job.slowdown) if least else job.slowdown[level]) if n > 1 else 1.0
+            t = job.iters_remaining * job.iter_time_serial * factor / min(n, job.demand_max)
             worst = max(worst, t)
         return worst
     return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
@@ -226,6 +228,24 @@ def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = 
     raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
 
 
+def least_time_left(app: AppScheduler, n: int) -> float:
+    """A lower bound on the time left under every allocation of ``n`` GPUs: D3's split depends only
+    on n, and a job's time on its run's level only through its slowdown, so every job at its least
+    slowdown bounds all placements (given ``app.work_depends_on_allocation`` is False). A bid uses
+    it to skip GPU counts no placement of which beats rho_old (``agent.bidding.make_bid``)."""
+    order = shape_order((((n,),),)) if n else ()
+    if isinstance(app, SuccessiveHalvingScheduler):
+        total = 0.0
+        for phase in range(app.current_phase(), app.num_phases() + 1):
+            total += phase_time(app.jobs_in_phase(phase, order), order, ordered=True, least=True)
+            if total == INFINITY:
+                break
+        return total
+    if isinstance(app, CurveStoppingScheduler):
+        return phase_time(app.jobs_remaining(order), order, ordered=True, least=True)
+    raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
+
+
 class TimeLeftCache:
     """One app's remaining time by allocation shape, reused while its work is unchanged.
 
@@ -236,21 +256,34 @@ class TimeLeftCache:
     def __init__(self, app: AppScheduler):
         self.app = app
         self._now: dict[Shape, float] = {}
+        self._least: dict[int, float] = {}
         self._later: dict = {}
         self._version = self._plan_version = -1
 
-    def __call__(self, gpus: Sequence[Position]) -> float:
+    def _sync(self) -> None:
         app = self.app
         if self._version != app.version:
             self._now.clear()
+            self._least.clear()
             self._version = app.version
             if self._plan_version != app.plan_version:
                 self._later.clear()
                 self._plan_version = app.plan_version
+
+    def __call__(self, gpus: Sequence[Position]) -> float:
+        self._sync()
         shape = _shape_of(gpus)
         left = self._now.get(shape)
         if left is None:
-            left = self._now[shape] = time_left_of_shape(app, shape, later=self._later)
+            left = self._now[shape] = time_left_of_shape(self.app, shape, later=self._later)
+        return left
+
+    def least(self, n: int) -> float:
+        """``least_time_left(app, n)``, kept like the rest while the app is unchanged."""
+        self._sync()
+        left = self._least.get(n)
+        if left is None:
+            left = self._least[n] = least_time_left(self.app, n)
         return left
 
 

@@ -255,6 +255,10 @@ class _Described:
     def plan_version(self) -> int:
         return self.app.plan_version
 
+    @property
+    def work_depends_on_allocation(self) -> bool:  # type: ignore[override]
+        return self.app.work_depends_on_allocation
+
     def budget(self) -> float:
         return self.app.budget()
 

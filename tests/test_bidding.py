@@ -220,3 +220,50 @@ def test_the_ranked_containers_are_d19s_definition(frees, data, salt, need, alte
         rest = sorted((c for c in fits if c != best), key=lambda c: (c not in near, crc(c), c))
         want = [best, *rest[: alternatives - 1]]
     assert _Level(_Containers(frees), near, salt).ranked(need, alternatives) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), phases=st.integers(1, 3), jobs=st.integers(1, 8), demand_max=st.sampled_from([1, 2, 4, 8]),
+       slowdown=st.lists(st.floats(0.5, 3.0), min_size=4, max_size=4), edited=st.booleans(),
+       restart_s=st.sampled_from([0.0, 35.0]), now=st.floats(0, 5_000), n_avg=st.floats(1.0, 8.0))
+def test_skipping_counts_that_cannot_beat_rho_old_leaves_the_table_as_it_was(
+        data, phases, jobs, demand_max, slowdown, edited, restart_s, now, n_avg):
+    """A GPU count is skipped when even its best conceivable placement is no better than rho_old
+    (``agent.fairness.least_time_left``); the table must be exactly the one built row by row. The
+    edited view gives every job an arbitrary slowdown tuple (a liar's, not necessarily monotone)."""
+    from dataclasses import replace
+
+    from simulator.strategic import described
+
+    rng = random.Random(data.draw(st.integers(0, 10**6)))
+    jobs = max(jobs, 2 ** (phases - 1))  # each phase halves the jobs
+    app = SuccessiveHalvingApp([rng.uniform(0.2, 2.0) for _ in range(jobs)],
+                               [rng.randint(5, 400) for _ in range(phases)], job_demand_max=demand_max,
+                               slowdown=model_slowdown("vgg16"), grow_demand=rng.random() < 0.5)
+    for job in app.phase_jobs():
+        if rng.random() < 0.5:
+            app.advance(job, rng.uniform(0, 300))
+    lie = tuple(slowdown)
+    view = described(app, lambda j: replace(j, slowdown=lie)) if edited else app
+    gpus = sorted(CLUSTER.gpus)
+    free = rng.sample(gpus, rng.randint(1, 40))
+    held = rng.sample([g for g in gpus if g not in free], rng.randint(0, 6))
+    previous = {g: CLUSTER.position(g) for g in free if rng.random() < 0.1}
+    offer = Offer(1, {g: CLUSTER.position(g) for g in free}, now, n_avg, CLUSTER.size,
+                  held={g: CLUSTER.position(g) for g in held}, previous=previous)
+    skipping = make_bid(view, offer, salt="app7", restart_s=restart_s)
+    app.work_depends_on_allocation = True  # the view forwards it: every count is built row by row
+    row_by_row = make_bid(view, offer, salt="app7", restart_s=restart_s)
+    assert skipping == row_by_row
+
+
+def test_the_least_time_left_is_kept_only_while_the_app_is_unchanged():
+    from agent.fairness import TimeLeftCache, least_time_left
+
+    app = SuccessiveHalvingApp([1.0, 1.5, 0.8, 1.2], [100, 200], job_demand_max=2, slowdown=model_slowdown("vgg16"))
+    cache = TimeLeftCache(app)
+    before = cache.least(4)
+    assert before == least_time_left(app, 4) > 0
+    for job in app.phase_jobs():
+        app.advance(job, 50)
+    assert cache.least(4) == least_time_left(app, 4) < before
