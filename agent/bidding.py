@@ -332,6 +332,8 @@ def make_bid(
             return best < rho_old
 
         counts = [k for k in counts if may_beat_rho_old(k)]
+        if not counts:
+            return BidTable(rho_old, ())
     for gids in candidate_sets(offer.gpus, held, counts, alternatives, offer.previous, salt):
         value = rho(held_positions + [offer.gpus[g] for g in gids], frozenset(held) | gids)
         if value < rho_old:
