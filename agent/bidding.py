@@ -39,6 +39,7 @@ in a small offer: at most 272 rows for a demand of 16 and 302 for any demand up 
 from __future__ import annotations
 
 import bisect
+import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -323,7 +324,7 @@ def make_bid(
         return BidTable(rho_old, ())
     rows: list[tuple[frozenset[str], float]] = []
     counts = useful_counts(min(remaining, len(offer.gpus)))
-    if not app.work_depends_on_allocation:
+    if rho_old != math.inf and not app.work_depends_on_allocation:  # against infinity every count may win
         least_of = left_of.least if isinstance(left_of, TimeLeftCache) else (lambda n: least_time_left(app, n))
 
         def may_beat_rho_old(k: int) -> bool:
