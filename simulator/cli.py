@@ -234,21 +234,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _simulate_kept(store: RunStore, job: dict[str, Any]) -> dict[str, Any]:
-    """One run in this process with its progress bar, taken from ``store`` if kept there; kept
-    through JSON like a worker's (``simulator.run_store.simulate_and_keep``)."""
+    """One run in this process with its progress bar, taken from ``store`` if kept there (a
+    worker's runs go through ``simulator.run_store.simulate_and_keep`` instead)."""
     kept = store.get(job)
     if kept is not None:
         store.reused += 1
         return kept
-    summary = json.loads(json.dumps(simulate(**job), default=repr))
-    store.put(job, summary)
     store.simulated += 1
-    return summary
+    return store.keep(job, simulate(**job))
 
 
 def _say_kept(store: RunStore) -> None:
     if store.reused:
-        console.print(f"{store.reused} runs taken from {store.folder}, {store.simulated} simulated")
+        console.print(store.tally())
 
 
 def _policies(text: str | None) -> list[str] | None:

@@ -370,6 +370,6 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, 
     store = the_setup.store
     result["runs_reused"], result["runs_simulated"] = store.reused, store.simulated
     if store.reused:
-        console.print(f"{name}: {store.reused} runs taken from {store.folder}, {store.simulated} simulated")
+        console.print(f"{name}: {store.tally()}")
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result

@@ -131,13 +131,21 @@ class RunStore:
         tmp.write_text(json.dumps({"job": job, "summary": summary}, default=repr))
         tmp.replace(path)
 
+    def keep(self, job: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep a fresh ``summary`` and return it as it was kept (through JSON: tuples become
+        lists), so fresh and kept runs aggregate alike."""
+        kept = json.loads(json.dumps(summary, default=repr))
+        self.put(job, kept)
+        return kept
+
+    def tally(self) -> str:
+        """What the store gave and what had to run, for the command's last lines."""
+        return f"{self.reused} runs taken from {self.folder}, {self.simulated} simulated"
+
 
 def simulate_and_keep(folder: str, code: str, job: dict[str, Any]) -> dict[str, Any]:
     """Worker side of :func:`simulator.runs.run_seeds`: simulate ``job`` and keep its summary at
-    once, so an interrupted experiment keeps every run that finished. The summary comes back as it
-    was kept (through JSON: tuples become lists), so fresh and kept runs aggregate alike."""
+    once, so an interrupted experiment keeps every run that finished."""
     from simulator.runs import simulate_quietly
 
-    summary = json.loads(json.dumps(simulate_quietly(**job), default=repr))
-    RunStore(Path(folder), code).put(job, summary)
-    return summary
+    return RunStore(Path(folder), code).keep(job, simulate_quietly(**job))
