@@ -79,6 +79,7 @@ MAX_OPEN_TOKENS = 16  # unused registration tokens per app
 MAX_HISTORY = 10_000  # RoundHistory limit (the journal keeps that many rounds)
 LEASE_RANGE_S = (1.0, 30 * 86400.0)
 GOODBYE_WAIT_S = 1.0  # a write that takes longer means flow control holds it: the agent is not reading
+HELLO_WAIT_S = 5.0  # how long a stream refused for its credential waits for the Hello the agent is sending
 NAME_MAX = 128  # machine names in DrainMachine; app names are checked by APP_NAME
 REASON_NAMES = 5  # names of an agent's message quoted back in a rejection, each cut to ...
 NAME_QUOTE = 64  # ... this many characters: a rejection never echoes megabytes
@@ -235,6 +236,18 @@ def new_secret(kind: str) -> str:
     ``--token -abc`` as a missing value (seen in CI).
     """
     return f"{kind}_{secrets.token_urlsafe(32)}"
+
+
+async def _take_first(request_iterator) -> None:
+    """Read (and drop) the stream's first message, or give up after ``HELLO_WAIT_S``.
+
+    A stream refused while the agent's Hello is still being written races that write against the
+    status: when the write fails after the status, grpcio's asyncio client reports INTERNAL and
+    loses the status (grpc/grpc#36066; the suspected cause of a rare INTERNAL in a test here). An
+    agent told INTERNAL retries where UNAUTHENTICATED would stop it, so the refusal waits for the
+    Hello it is sending."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(anext(request_iterator.__aiter__()), HELLO_WAIT_S)
 
 
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
@@ -637,6 +650,12 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     # -- the agent stream ----------------------------------------------------------------------
 
+    async def _refuse(self, context, code: grpc.StatusCode, reason: str) -> None:
+        """End a stream before its Welcome, counted by status (``themis_refused_streams``)."""
+        self.metrics.refused.labels(code=code.name).inc()
+        log.info("stream refused", extra={"fields": {"code": code.name, "reason": reason}})
+        await context.abort(code, reason)
+
     async def Connect(self, request_iterator, context) -> None:
         """The agent's stream. Written with ``context.write`` (not as a generator) so that every
         stream the arbiter ends gets a Goodbye and a status saying why (issue 12, item 1) -- even a
@@ -644,32 +663,33 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         credential = _bearer(context)
         app = self.store.token_app(credential, "credential") if credential else None
         if app is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "an app credential is required (Register first); this one is unknown or revoked")
+            await _take_first(request_iterator)
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED,
+                               "an app credential is required (Register first); this one is unknown or revoked")
         try:
             first = await anext(request_iterator.__aiter__())
         except StopAsyncIteration:
             return
         if isinstance(first, Unparsable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{first.reason}; the first message must be Hello")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{first.reason}; the first message must be Hello")
         if first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on the stream must be Hello")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "the first message on the stream must be Hello")
         if first.hello.app != app:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"this credential belongs to {app!r}, not {_quote([first.hello.app])[2:-2]!r}")
+            await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED,
+                               f"this credential belongs to {app!r}, not {_quote([first.hello.app])[2:-2]!r}")
         if first.hello.demand < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"demand must be >= 0, got {first.hello.demand}")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"demand must be >= 0, got {first.hello.demand}")
         # An app that said Done while a round was open leaves when that round closes; a Hello that
         # comes meanwhile waits for it, then starts the app afresh (else it would be removed under
         # a live stream: the "ghost app" of issue 12).
         while self._allocating or any(a == app for a, _ in self._deferred):
             await (self._allocated if self._allocating else self._between_rounds).wait()
         if self.store.token_app(credential, "credential") != app:  # revoked while it waited
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this credential was revoked")
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "this credential was revoked")
         now = self.clock()
         if app not in self.engine.apps:
             if len(self.engine.apps) >= MAX_APPS:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the arbiter runs at most {MAX_APPS} apps")
+                await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"the arbiter runs at most {MAX_APPS} apps")
             self.engine.add_app(app, now)
         self.engine.set_demand(app, first.hello.demand, now)
         self.engine.note_ready(app, now)

@@ -34,6 +34,8 @@ class ServiceMetrics:
         self.connected = Gauge("themis_connected_agents", "Agents with an open stream", registry=r)
         self.rejected = Counter("themis_rejected_messages", "Messages from agents that were rejected",
                                 ["what"], registry=r)
+        self.refused = Counter("themis_refused_streams", "Agent streams ended before their Welcome, by status "
+                               "(UNAUTHENTICATED: unknown or revoked credential)", ["code"], registry=r)
         # per app
         self.app_rho = Gauge("themis_app_rho", "The app's rho on what it holds after the last round "
                              "(+Inf: holds nothing)", ["app"], registry=r)

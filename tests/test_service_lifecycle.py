@@ -246,6 +246,35 @@ def test_credentials_of_any_registered_app_can_be_revoked_and_re_registering_rev
     run(scenario())
 
 
+def test_an_unknown_credential_is_refused_once_its_hello_has_arrived(tmp_path):
+    """grpc/grpc#36066: when the server's status ends a stream while a client write is in flight,
+    grpcio's asyncio client can report INTERNAL instead of the server's status (the suspected cause
+    of a rare INTERNAL in the test above). The arbiter holds a stream with an unknown credential open
+    until its Hello arrives, so the agent's first write has landed before UNAUTHENTICATED goes out."""
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            ch = channel(target(server))
+            gate = asyncio.Event()
+
+            async def hello_when_let():
+                await gate.wait()
+                yield pb.AgentMessage(hello=pb.Hello(app="ghost", demand=0))
+                await asyncio.Event().wait()  # no half-close: the status must come from the arbiter
+
+            call = pb_grpc.ArbiterStub(ch).Connect(hello_when_let(), metadata=[("authorization", "Bearer nope")])
+            with pytest.raises(AssertionError):  # the stream stays open for the Hello (HELLO_WAIT_S is 5 s)
+                await wait_for(call.done, 2.0)
+            gate.set()
+            assert await call.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "unknown or revoked" in await call.details()
+            refused = server.service.metrics.refused.labels(code="UNAUTHENTICATED")._value.get()
+            assert refused == 1 and "ghost" not in server.service.engine.apps
+            call.cancel()
+            await ch.close()
+
+    run(scenario())
+
+
 def test_done_during_an_open_round_then_a_quick_reconnect_leaves_no_ghost(tmp_path):
     async def scenario():
         async with arbiter(tmp_path, report_timeout_s=2.0, lease_s=60.0) as server:
