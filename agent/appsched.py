@@ -128,8 +128,11 @@ class FixedJobsApp(CurveStoppingScheduler):
 
     def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
         if self._cache is None:
+            left = self._left  # the constructor, not dataclasses.replace: half the cost, run after every advance
             self._cache = [
-                replace(j, iters_remaining=self._left[j.job_id]) for j in self.jobs if self._left[j.job_id] > 0
+                JobInfo(iters_remaining=left[j.job_id], iter_time_serial=j.iter_time_serial, slowdown=j.slowdown,
+                        demand_max=j.demand_max, job_id=j.job_id)
+                for j in self.jobs if left[j.job_id] > 0
             ]
         return self._cache
 

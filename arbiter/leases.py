@@ -23,10 +23,14 @@ class Lease:
     round_id: int
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 class LeaseTable:
     def __init__(self, leases: Iterable[Lease] = ()):
         self._by_gpu: dict[str, Lease] = {}
         self._by_app: dict[str, set[str]] = {}
+        self._frozen: dict[str, frozenset[str]] = {}  # held_by's answers, dropped when the app's GPUs change
         for lease in leases:
             self._add(lease)
 
@@ -36,11 +40,13 @@ class LeaseTable:
             raise LeaseConflict(f"GPU {lease.gpu} is already leased to {held.app!r} until {held.expires_at}")
         self._by_gpu[lease.gpu] = lease
         self._by_app.setdefault(lease.app, set()).add(lease.gpu)
+        self._frozen.pop(lease.app, None)
 
     def _remove(self, gpu: str) -> Lease:
         lease = self._by_gpu.pop(gpu)
         owned = self._by_app[lease.app]
         owned.discard(gpu)
+        self._frozen.pop(lease.app, None)
         if not owned:
             del self._by_app[lease.app]
         return lease
@@ -87,7 +93,14 @@ class LeaseTable:
         return lease.app if lease else None
 
     def held_by(self, app: str) -> frozenset[str]:
-        return frozenset(self._by_app.get(app, ()))
+        """The app's GPUs; a round asks this for every app many times between changes."""
+        got = self._frozen.get(app)
+        if got is None:
+            owned = self._by_app.get(app)
+            if not owned:
+                return _NONE
+            got = self._frozen[app] = frozenset(owned)
+        return got
 
     def lease(self, gpu: str) -> Lease | None:
         return self._by_gpu.get(gpu)

@@ -129,6 +129,22 @@ def test_curve_prediction_with_too_few_points_is_pessimistic():
     assert pred.pessimistic == 5000
 
 
+def test_fixed_jobs_remaining_keep_every_field_but_the_iterations_left():
+    """``FixedJobsApp.jobs_remaining`` rebuilds its jobs with the constructor (faster than
+    ``dataclasses.replace``); every field but ``iters_remaining`` must come through unchanged."""
+    from dataclasses import fields, replace
+
+    from agent.appsched import FixedJobsApp
+
+    jobs = [JobInfo(100.0, 0.5, (1.0, 1.2, 1.5, 2.0), 4, "a"), JobInfo(40.0, 2.0, (1.0, 1.1, 1.1, 1.3), 2, "b")]
+    assert [f.name for f in fields(JobInfo)] == ["iters_remaining", "iter_time_serial", "slowdown", "demand_max",
+                                                 "job_id"]  # a new field must be passed on in jobs_remaining
+    app = FixedJobsApp(jobs)
+    app.advance("a", 30.0)
+    app.advance("b", 40.0)
+    assert app.jobs_remaining(()) == [replace(jobs[0], iters_remaining=70.0)]
+
+
 def test_curve_stopping_rho_uses_the_pessimistic_end_and_tightens():
     rng = np.random.default_rng(1)
     app = CurveStoppingApp([CurveJob("a", 1.0, 50_000), CurveJob("b", 1.0, 50_000)], tolerance=0.01)
