@@ -86,6 +86,7 @@ class AgentClient:
         self.finished = False
         self.cluster = ""  # the arbiter's cluster name, from the Welcome
         self._released: set[str] = set()
+        self.known_round = 0  # the latest round whose leases this agent knows of (Grants, the Welcome)
         self.heartbeat_s = 10.0  # from the Welcome
         self.goodbye: pb.Goodbye | None = None  # the last stream's final message, if the arbiter ended it
         self.ever_welcomed = False
@@ -103,7 +104,7 @@ class AgentClient:
             for g in gpus:
                 del self.held[g]
             self._released |= set(gpus)  # sent again after a reconnect if the Welcome still lists them
-            self._put(pb.AgentMessage(release=pb.Release(app=self.app, gpus=gpus)))
+            self._put(pb.AgentMessage(release=pb.Release(app=self.app, gpus=gpus, known_round=self.known_round)))
 
     def set_demand(self, demand: int) -> None:
         self._put(pb.AgentMessage(demand=pb.DemandUpdate(app=self.app, demand=demand)))
@@ -208,12 +209,13 @@ class AgentClient:
             now_held = {x.gpu: x for x in msg.welcome.leases}
             where = wire.positions(msg.welcome.places)
             self.cluster = msg.welcome.cluster
+            self.known_round = max([self.known_round] + [x.round_id for x in msg.welcome.leases])
             again = sorted(self._released & set(now_held))  # released while the stream was down
             self._released = set()
             for g in again:
                 del now_held[g]
             if again:
-                self._put(pb.AgentMessage(release=pb.Release(app=self.app, gpus=again)))
+                self._put(pb.AgentMessage(release=pb.Release(app=self.app, gpus=again, known_round=self.known_round)))
                 self._released = set(again)
             lost = sorted(set(self.held) - set(now_held))
             self.held = {g: HeldGpu(g, where.get(g, ("", "", "")), x.expires_at) for g, x in now_held.items()}
@@ -236,6 +238,7 @@ class AgentClient:
         elif kind == "grant":
             got = {p.gpu: HeldGpu(p.gpu, (p.rack, p.machine, p.slot), msg.grant.expires_at) for p in msg.grant.gpus}
             self.held.update(got)
+            self.known_round = max(self.known_round, msg.grant.round_id)
             if self.on_grant:
                 self.on_grant(got)
         elif kind == "revocation":

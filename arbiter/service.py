@@ -851,6 +851,17 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             return
         gpus = set(msg.gpus)
         held = self.engine.held(app)
+        if msg.known_round > 0:
+            # A lease from a later round than the agent knew of is one whose Grant is still on its
+            # way (or a round granted back a GPU while this Release was held back): the agent let
+            # go of the lease before it, not of this one, and will hold the GPU when the Grant comes.
+            newer = {g for g in gpus & held if self.engine.leases.lease(g).round_id > msg.known_round}
+            if newer:
+                log.info("release kept newer leases", extra={"fields": {"app": app, "gpus": sorted(newer)[:5],
+                                                                         "known_round": msg.known_round}})
+                gpus -= newer
+                if not gpus:
+                    return
         if not gpus or not gpus <= held:
             others = sorted(g for g in gpus - held if self.engine.leases.holder(g))
             code = DENIED if others else INVALID

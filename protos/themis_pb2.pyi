@@ -229,12 +229,14 @@ class Rejection(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., what: _Optional[str] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("app", "gpus")
+    __slots__ = ("app", "gpus", "known_round")
     APP_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_ROUND_FIELD_NUMBER: _ClassVar[int]
     app: str
     gpus: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, app: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
+    known_round: int
+    def __init__(self, app: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., known_round: _Optional[int] = ...) -> None: ...
 
 class DemandUpdate(_message.Message):
     __slots__ = ("app", "demand")

@@ -197,6 +197,12 @@ def test_an_agent_that_reconnects_resumes_its_leases(tmp_path):
             await wait_for(lambda: a.connects >= 2 and a.welcomed.is_set())
             assert set(a.held) == set(held)
             assert all(a.held[g].position == held[g].position for g in held)
+            # the agent knows the round of every lease it holds, and its Release names it
+            leases = server.service.engine.leases
+            assert a.known_round == max(leases.lease(g).round_id for g in held) > 0
+            known, freed = a.known_round, sorted(held)[:2]
+            a.release(freed)
+            await wait_for(lambda: all(leases.lease(g) is None or leases.lease(g).round_id > known for g in freed))
             a.stop()
             await task
 

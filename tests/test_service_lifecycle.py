@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import grpc
 import pytest
@@ -271,6 +272,61 @@ def test_an_unknown_credential_is_refused_once_its_hello_has_arrived(tmp_path):
             assert refused == 1 and "ghost" not in server.service.engine.apps
             call.cancel()
             await ch.close()
+
+    run(scenario())
+
+
+def test_a_release_held_back_during_the_allocation_keeps_the_lease_the_round_grants_back(tmp_path):
+    """A's lease on g runs out as a round opens; A bids for g again and, while the allocation runs,
+    its job on g ends and it releases g. The round grants g back (a new lease); the held-back Release
+    used to free that new lease, and then the Grant told A it holds g: the arbiter listed g as free
+    for the next round while A ran on it. The Release says the latest round A knew of, so the new
+    lease stays, and A holds g when the Grant arrives."""
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=2.0, expiry_window_s=0.0, coalesce_s=0.05) as server:
+            engine = server.service.engine
+            a = RawStream(server, "a", await credential(server, "a"))
+            a.send(hello=pb.Hello(app="a", demand=1))
+            rid = (await a.next("rho_request")).round_id
+            a.send(report=pb.RhoReport(round_id=rid, app="a", rho=math.inf, demand=1, rho_wait=1.0))
+            offer = await a.next("offer")
+            g = offer.gpus[0].gpu
+            a.send(bid=pb.Bid(round_id=rid, app="a", rho_old=math.inf, rows=[pb.BidRow(gpus=[g], rho=1.0)]))
+            first = await a.next("grant")
+            assert [p.gpu for p in first.gpus] == [g]
+
+            gate = threading.Event()  # the next allocation waits for it: the window in which A releases
+            opened = engine.open_round
+
+            def open_round(now):
+                rnd = opened(now)
+                close = rnd.close
+
+                def gated_close():
+                    gate.wait(30)
+                    return close()
+
+                rnd.close = gated_close
+                return rnd
+
+            engine.open_round = open_round
+            rid = (await a.next("rho_request", after=1)).round_id
+            a.send(report=pb.RhoReport(round_id=rid, app="a", rho=1.0, demand=1))
+            offer = await a.next("offer", after=1)
+            assert [p.gpu for p in offer.previous] == [g]
+            a.send(bid=pb.Bid(round_id=rid, app="a", rho_old=2.0, rows=[pb.BidRow(gpus=[g], rho=1.0)]))
+            await wait_for(lambda: server.service._allocating)
+            a.send(release=pb.Release(app="a", gpus=[g], known_round=first.round_id))
+            await wait_for(lambda: len(server.service._held_back) == 1)
+            gate.set()
+            again = await a.next("grant", after=1)
+            assert again.round_id == rid and [p.gpu for p in again.gpus] == [g]
+            await wait_for(lambda: not server.service._allocating and server.service._round is None)
+            assert engine.leases.holder(g) == "a" and g not in engine.free_gpus()
+            # A later Release that knows of the new lease does free it.
+            a.send(release=pb.Release(app="a", gpus=[g], known_round=again.round_id))
+            await wait_for(lambda: engine.leases.holder(g) is None)
+            await a.close()
 
     run(scenario())
 
