@@ -127,7 +127,8 @@ def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int
             raise InvalidBid(app, f"row {k} lists a GPU twice")
         stray = [g for g in listed if g not in offered]
         if stray:
-            raise InvalidBid(app, f"row {k} asks for GPUs not offered: {sorted(map(str, stray))[:5]}")
+            shown = [g if len(g) <= 64 else g[:64] + "..." for g in sorted(map(str, stray))[:5]]
+            raise InvalidBid(app, f"row {k} asks for GPUs not offered: {shown}")
         if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
             raise InvalidBid(app, f"row {k}: rho must be finite and > 0, got {rho!r}")
         if not RHO_MIN <= rho <= RHO_MAX:

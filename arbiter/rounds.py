@@ -34,6 +34,13 @@ from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 DEFAULT_LEASE_S = 600.0
 DEFAULT_COALESCE_S = 1.0
 EXPIRY_WINDOW_SHARE = 0.1  # of the lease: how long an expiry waits for others to join its round
+REASON_MAX = 300  # characters of a refusal's reason kept in a round's result (journal, events, history)
+
+
+def cut_reason(reason: str) -> str:
+    """A refusal's reason as a round keeps it: reasons quote what an agent sent, and a round's
+    result is journaled, published and served by RoundHistory, so none may grow with the input."""
+    return reason if len(reason) <= REASON_MAX else f"{reason[:REASON_MAX]}... ({len(reason)} characters)"
 
 
 class UnknownApp(KeyError):
@@ -452,7 +459,7 @@ class OpenRound:
         self.engine.apps[app].demand = demand
 
     def note_failure(self, app: str, reason: str) -> None:
-        self.rejected[app] = reason
+        self.rejected[app] = cut_reason(reason)
 
     def _unmet(self) -> dict[str, int]:
         out = {}
@@ -522,7 +529,7 @@ class OpenRound:
             if held and math.isinf(table.rho_old):
                 raise InvalidBid(app, f"rho_old must be finite for an app that holds {held} GPU(s) (D13)")
         except InvalidBid as exc:
-            self.rejected[app] = exc.reason
+            self.rejected[app] = cut_reason(exc.reason)
             raise
         self._bids[app] = table
 

@@ -52,7 +52,7 @@ from arbiter.events import (
     rounds_topic,
 )
 from arbiter.policies import POLICIES, make_policy
-from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult
+from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult, cut_reason
 from arbiter.service_metrics import ServiceMetrics
 from arbiter.store import Store
 from protos import themis_pb2 as pb
@@ -641,6 +641,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             conn.send(message)
 
     def _reject(self, app: str, code: int, reason: str, what: str, round_id: int = 0) -> None:
+        reason = cut_reason(reason)
         self.metrics.rejected.labels(what=what).inc()
         if app in self.engine.apps:  # a departed app's series stay dropped (bounded label sets)
             self.metrics.app_rejections.labels(app=app).inc()
@@ -824,7 +825,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         except (InvalidReport, wire.WireError) as exc:
             # Rejected with its reason; the app may send a corrected report before the deadline.
             self._reject(app, INVALID, str(exc), "report", msg.round_id)
-            self._bad[(msg.round_id, app, "report")] = str(exc)
+            self._bad[(msg.round_id, app, "report")] = cut_reason(str(exc))
             return
         fut.set_result(msg)
 
@@ -838,7 +839,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         except InvalidBid as exc:
             # Rejected with its reason; the app may send a corrected bid before the deadline.
             self._reject(app, INVALID, exc.reason, "bid", msg.round_id)
-            self._bad[(msg.round_id, app, "bid")] = exc.reason
+            self._bad[(msg.round_id, app, "bid")] = cut_reason(exc.reason)
             return
         fut.set_result(wire.frozen(table))
 
@@ -907,7 +908,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         close (the round may already hold the app's report or bid); its stream, if any, ends now
         with ``end``."""
         if end is not None and app in self.conns and end.why != "finished":
-            self.conns[app].end(replace(end, gpus=tuple(sorted(self.engine.held(app)))))
+            held = sorted(x.gpu for x in self._leases() if x.app == app)  # the snapshot while allocating
+            self.conns[app].end(replace(end, gpus=tuple(held)))
         if self._round is not None or self._allocating:
             self._deferred.append((app, None))
             return

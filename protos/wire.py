@@ -27,7 +27,7 @@ def positions(items: Iterable[pb.GpuPlace]) -> dict[str, Position]:
     out: dict[str, Position] = {}
     for p in items:
         if not p.gpu or p.gpu in out:
-            raise WireError(f"GPU list has an empty or repeated id {p.gpu!r}")
+            raise WireError(f"GPU list has an empty or repeated id {p.gpu[:64]!r}")
         out[p.gpu] = (p.rack, p.machine, p.slot)
     return out
 
@@ -69,7 +69,8 @@ def report(msg: pb.RhoReport) -> RhoReport:
     """The report; value checks (rho > 0, demand >= 0) are the round's (``OpenRound.report``)."""
     slowdown = tuple(msg.slowdown) or (1.0, 1.0, 1.0, 1.0)
     if len(slowdown) != 4 or any(not (s >= 1.0 and math.isfinite(s)) for s in slowdown):
-        raise WireError(f"slowdown must be 4 finite numbers >= 1 (one per D1 level), got {list(msg.slowdown)}")
+        got = list(msg.slowdown[:4]) + (["..."] if len(msg.slowdown) > 4 else [])
+        raise WireError(f"slowdown must be 4 finite numbers >= 1 (one per D1 level), got {len(msg.slowdown)}: {got}")
     return RhoReport(msg.rho, msg.demand, remaining_s=msg.remaining_s, slowdown=slowdown,  # type: ignore[arg-type]
                      loss_decrease=msg.loss_decrease, rho_wait=msg.rho_wait)
 

@@ -331,6 +331,42 @@ def test_a_release_held_back_during_the_allocation_keeps_the_lease_the_round_gra
     run(scenario())
 
 
+def test_reasons_that_quote_huge_input_are_cut_in_rejections_and_in_the_rounds_history(tmp_path):
+    """A report with 200,000 slowdown values and a bid naming a 2 MB GPU id: the refusals quoted
+    them whole, and a round keeps its refusals (journal, MQTT, RoundHistory), so an agent could grow
+    every round's record by megabytes. The reasons are cut (``arbiter.rounds.cut_reason``)."""
+    from arbiter.rounds import REASON_MAX
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            stub, meta, ch = admin_stub(server)
+            a = RawStream(server, "a", await credential(server, "a"))
+            b = RawStream(server, "b", await credential(server, "b"))
+            for s in (a, b):
+                s.send(hello=pb.Hello(app=s.app, demand=1))
+            rid = (await a.next("rho_request")).round_id
+            a.send(report=pb.RhoReport(round_id=rid, app="a", rho=math.inf, demand=1, rho_wait=1.0,
+                                       slowdown=[2.0] * 200_000))
+            rid_b = (await b.next("rho_request")).round_id
+            b.send(report=pb.RhoReport(round_id=rid_b, app="b", rho=math.inf, demand=1, rho_wait=1.0))
+            await b.next("offer")
+            b.send(bid=pb.Bid(round_id=rid_b, app="b", rho_old=math.inf, rows=[pb.BidRow(gpus=["x" * 2_000_000],
+                                                                                      rho=1.0)]))
+            for s in (a, b):
+                refusal = await s.next("rejection")
+                assert len(refusal.reason) <= REASON_MAX + 30, len(refusal.reason)
+            await wait_for(lambda: server.service.rounds_run >= 1)
+            history = await stub.RoundHistory(pb.RoundHistoryRequest(limit=1), metadata=meta)
+            rejected = dict(history.rounds[0].rejected)
+            assert set(rejected) == {"a", "b"} and "slowdown" in rejected["a"] and "not offered" in rejected["b"]
+            assert all(len(r) <= REASON_MAX + 30 for r in rejected.values()), {k: len(r) for k, r in rejected.items()}
+            for s in (a, b):
+                await s.close()
+            await ch.close()
+
+    run(scenario())
+
+
 def test_done_during_an_open_round_then_a_quick_reconnect_leaves_no_ghost(tmp_path):
     async def scenario():
         async with arbiter(tmp_path, report_timeout_s=2.0, lease_s=60.0) as server:
