@@ -211,11 +211,17 @@ class RoundEngine:
             raise KeyError(f"unknown machine {machine!r}")
         self.drained.add(machine)
 
-    def resume(self, machine: str) -> None:
-        """Grants on a drained ``machine`` again (its free GPUs are offered from the next round)."""
+    def resume(self, machine: str, now: float) -> None:
+        """Grants on a drained ``machine`` again. Its free GPUs come back at once: a
+        resource-available event (D10), like an added machine, so a round follows instead of the
+        GPUs waiting for some unrelated event."""
         if machine not in self.cluster.machines:
             raise KeyError(f"unknown machine {machine!r}")
-        self.drained.discard(machine)
+        if machine in self.drained:
+            self._advance(now)
+            self.drained.discard(machine)
+            if any(self.leases.holder(g) is None for g in self.cluster.machines[machine]):
+                self._note(now)
 
     # -- apps and N_avg (D5) -------------------------------------------------------------
 

@@ -1139,7 +1139,10 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                                 f"machine name must be 1-{NAME_MAX} characters, got {len(request.machine)}")
         await self._engine_free()
         try:
-            (self.engine.resume if request.resume else self.engine.drain)(request.machine)
+            if request.resume:
+                self.engine.resume(request.machine, self.clock())
+            else:
+                self.engine.drain(request.machine)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         with contextlib.suppress(Exception):

@@ -416,6 +416,25 @@ def test_a_drained_machine_gets_no_new_grants_and_an_added_one_is_offered():
         e.add_machine("r0", 3, 2, 7)  # 3 GPUs cannot split over 2 slots
 
 
+def test_resuming_a_drained_machine_with_free_gpus_makes_a_round_due():
+    """A resumed machine's free GPUs are a resource-available event (D10), like an added machine:
+    before, with every machine drained, they sat idle until some unrelated event."""
+    e = small_engine(lease_s=100)
+    for machine in e.cluster.machines:
+        e.drain(machine)
+    e.add_app("a", 0)
+    r = e.run_round(1, {"a": Counting(demand=4)})
+    assert not r.grants and e.next_wakeup() is None and not e.round_due(50)
+    e.resume("r0-m4", 10)
+    assert e.round_due(10 + e.coalesce_s)
+    r = e.run_round(10 + e.coalesce_s, {"a": Counting(demand=4)})
+    assert {g for grant in r.grants for g in grant.gpus} <= set(e.cluster.machines["r0-m4"]) and r.grants
+    e.resume("r0-m4", 20)  # not drained any more: nothing happens
+    assert not e.round_due(20 + e.coalesce_s)
+    with pytest.raises(KeyError):
+        e.resume("nowhere", 21)
+
+
 def test_an_abandoned_round_leaves_the_engine_ready_for_the_next():
     e = small_engine(lease_s=100)
     e.add_app("a", 0)
