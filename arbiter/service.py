@@ -918,8 +918,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             self.journal()
         for gpu in sorted(freed):
             self._publish_gpu(gpu)
-        self._publish_app_leases(app)
-        self.bus.publish(app_rho_topic(self.cluster, app), None, retain=True)  # gone: no rho to show
+        # gone: no leases or rho to show (None clears the retained state; [] was kept per departed app)
+        self.bus.publish(app_leases_topic(self.cluster, app), None, retain=True)
+        self.bus.publish(app_rho_topic(self.cluster, app), None, retain=True)
         self.last_rho.pop(app, None)
         self.metrics.forget_app(app)
         self.kick()

@@ -79,7 +79,8 @@ class ServiceMetrics:
             self.app_rho.labels(app=app).set(rho if not math.isnan(rho) else math.inf)
             self.app_gpus.labels(app=app).set(held)
         for grant in result.grants if result is not None else ():
-            self.app_grants.labels(app=grant.app).inc(len(grant.gpus))
+            if grant.app in apps:  # an app that left as the round closed is forgotten, not re-created
+                self.app_grants.labels(app=grant.app).inc(len(grant.gpus))
 
     def forget_app(self, app: str) -> None:
         for metric in (self.app_rho, self.app_gpus, self.app_grants, self.app_rejections):

@@ -367,6 +367,34 @@ def test_reasons_that_quote_huge_input_are_cut_in_rejections_and_in_the_rounds_h
     run(scenario())
 
 
+def test_an_app_that_leaves_while_it_wins_gpus_leaves_no_metric_series_or_retained_state(tmp_path):
+    """Done right after its bid: the app leaves when the round closes, having won a GPU in it. Its
+    grant re-created the per-app metric series after they were dropped, and its leases topic kept a
+    retained [] -- one of each per app that ever left (found in review)."""
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            a = RawStream(server, "a", await credential(server, "a"))
+            a.send(hello=pb.Hello(app="a", demand=1))
+            rid = (await a.next("rho_request")).round_id
+            a.send(report=pb.RhoReport(round_id=rid, app="a", rho=math.inf, demand=1, rho_wait=1.0))
+            g = (await a.next("offer")).gpus[0].gpu
+            a.send(bid=pb.Bid(round_id=rid, app="a", rho_old=math.inf, rows=[pb.BidRow(gpus=[g], rho=1.0)]))
+            a.send(done=pb.Done(app="a"))
+            assert (await a.next("goodbye")).why == "finished"
+            await wait_for(lambda: server.service.rounds_run >= 1 and "a" not in server.service.engine.apps)
+            stub, meta, ch = admin_stub(server)
+            history = await stub.RoundHistory(pb.RoundHistoryRequest(limit=1), metadata=meta)
+            assert dict(history.rounds[0].granted) == {"a": 1}  # it won in the round it left at
+            await ch.close()
+            series = [s.name for m in server.service.metrics.registry.collect() for s in m.samples
+                      if s.labels.get("app") == "a"]
+            assert series == []
+            assert [t for t in server.service.bus.retained if "/apps/a/" in t] == []
+            await a.close()
+
+    run(scenario())
+
+
 def test_done_during_an_open_round_then_a_quick_reconnect_leaves_no_ghost(tmp_path):
     async def scenario():
         async with arbiter(tmp_path, report_timeout_s=2.0, lease_s=60.0) as server:
