@@ -703,6 +703,12 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         conn = Connection(app, last_seen=now, limit=self.outbox_limit)
         self.conns[app] = conn
         mine = [x for x in self._leases() if x.app == app]
+        if self._round is not None:
+            # Leases that ran out as the open round began are the app's until the round decides
+            # (D13: it runs on them, and the round may grant them back); left out, the agent would
+            # stop its jobs on them as lost while the round still offers them to it.
+            mine += [x for x in self._round.expired if x.app == app]
+            mine.sort(key=lambda x: x.gpu)
         position = self.engine.cluster.position
         conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
             app=app, cluster=self.cluster, leases=[wire.lease_pb(x) for x in mine],

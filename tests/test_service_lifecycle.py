@@ -395,6 +395,40 @@ def test_an_app_that_leaves_while_it_wins_gpus_leaves_no_metric_series_or_retain
     run(scenario())
 
 
+def test_a_reconnect_during_an_open_round_is_welcomed_with_the_leases_that_round_re_auctions(tmp_path):
+    """A's lease on g runs out and the round that re-auctions it opens; A's stream breaks and it
+    reconnects before the round closes. The Welcome left g out (the round had taken it from the
+    lease table), so the agent stopped its jobs on g as lost, while the round still counted A as
+    running on it (D13) and went on to grant it back (found in review)."""
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=2.0, expiry_window_s=0.0, coalesce_s=0.05,
+                           report_timeout_s=10.0) as server:
+            cred = await credential(server, "a")
+            first = RawStream(server, "a", cred)
+            first.send(hello=pb.Hello(app="a", demand=1))
+            rid = (await first.next("rho_request")).round_id
+            first.send(report=pb.RhoReport(round_id=rid, app="a", rho=math.inf, demand=1, rho_wait=1.0))
+            g = (await first.next("offer")).gpus[0].gpu
+            first.send(bid=pb.Bid(round_id=rid, app="a", rho_old=math.inf, rows=[pb.BidRow(gpus=[g], rho=1.0)]))
+            await first.next("grant")
+            rid = (await first.next("rho_request", after=1)).round_id  # the expiry round is open
+            await first.close()
+            again = RawStream(server, "a", cred)
+            again.send(hello=pb.Hello(app="a", demand=1))
+            welcome = await again.next("welcome")
+            assert server.service._round is not None and server.service._round.round_id == rid
+            assert [x.gpu for x in welcome.leases] == [g]
+            again.send(report=pb.RhoReport(round_id=rid, app="a", rho=1.0, demand=1))
+            offer = await again.next("offer")
+            assert [p.gpu for p in offer.previous] == [g]
+            again.send(bid=pb.Bid(round_id=rid, app="a", rho_old=2.0, rows=[pb.BidRow(gpus=[g], rho=1.0)]))
+            grant = await again.next("grant")
+            assert grant.round_id == rid and [p.gpu for p in grant.gpus] == [g] and not again.of("revocation")
+            await again.close()
+
+    run(scenario())
+
+
 def test_done_during_an_open_round_then_a_quick_reconnect_leaves_no_ghost(tmp_path):
     async def scenario():
         async with arbiter(tmp_path, report_timeout_s=2.0, lease_s=60.0) as server:
