@@ -303,7 +303,7 @@ class Simulation:
                 if job.stopped or job.job_id not in run.jobs:
                     continue
                 target = self._report_at(run, app, job.job_id)
-                if job.done >= target - _EPS:
+                if self._due(target - job.done, run.jobs[job.job_id].rate):
                     job.done = max(job.done, target)
                     if job.done >= run.next_checkpoint[job.job_id] - _EPS:
                         run.next_checkpoint[job.job_id] += step
@@ -313,13 +313,19 @@ class Simulation:
         lefts = self._lefts(app)
         for jr in list(run.jobs.values()):
             left = lefts.get(jr.job_id, 0.0)
-            if jr.gpus and left <= _EPS:
+            if jr.gpus and self._due(left, jr.rate):
                 self._advance_job(run, jr.job_id, left)
                 changed = True
         if isinstance(app, SimSuccessiveHalvingApp) and app.phase_done():
             app.end_phase(app.survivors())
             changed = True
         return changed
+
+    def _due(self, left: float, rate: float) -> bool:
+        """Whether ``left`` iterations at ``rate`` are done now: fewer than ``_EPS``, or so few that
+        their end rounds to the current time (a tiny iteration time late in a long run): the next
+        event would then be now again and the clock would never move."""
+        return left <= _EPS or (rate > 0 and self.now + left / rate <= self.now)
 
     def _finish(self, name: str) -> None:
         run = self.runs[name]

@@ -517,3 +517,23 @@ def test_halving_survivors_pay_a_restart_whenever_their_gpus_change():
     # both survivors resume on other GPUs (phase 2 doubles their demand), so both pay
     assert all(paid[j] >= 1 for j in ran_phase_2)
     assert sum(paid[j] for j in ran_phase_2) == run.restarts
+
+
+def test_a_job_whose_end_rounds_to_now_finishes_instead_of_stalling_the_clock():
+    """8 GPUs at 1e-5 s per iteration from t = 3e5 s: 5e-6 iterations were left (above the 1e-6
+    iteration tolerance) at 7.9e5 iterations per second, so the job's next event was now + 6e-12 s,
+    which rounds to now; the loop ran forever at the same instant (found in review)."""
+    from arbiter.cluster import load_cluster
+
+    spec = AppSpec("a0", 3e5, "resnet50", "fixed", (JobSpec("j0", 125506902.57394217, 1e-5, 8),))
+    sim = Simulation(load_cluster("testbed-64"), Workload("w", (spec,)), make_policy("fifo"))
+    seen = {"now": None, "repeats": 0}
+
+    def tick(now: float) -> None:
+        seen["repeats"] = seen["repeats"] + 1 if now == seen["now"] else 0
+        seen["now"] = now
+        assert seen["repeats"] < 10_000, f"the clock stands still at {now!r}"
+
+    result = sim.run(progress=tick)
+    (run,) = result.apps
+    assert run.finished_at == pytest.approx(3e5 + 125506902.57394217 * 1e-5 / 8, rel=1e-3)
