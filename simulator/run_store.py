@@ -91,11 +91,13 @@ class RunStore:
 
     def key(self, job: Mapping[str, Any]) -> str:
         """The file stem for a run: a digest of its arguments, the contents of the files they name
-        (a trace or cluster given as a path), and the code fingerprint."""
+        (a trace, cluster or profile table given as a path, also as a workload knob such as
+        ``trace=``), and the code fingerprint."""
         files = {}
-        for name in ("cluster", "workload"):
-            value = job.get(name)
-            if isinstance(value, str) and Path(value).is_file():
+        named = [(name, value) for name, value in job.items() if name != "workload_knobs"]
+        named += [(f"workload_knobs.{k}", v) for k, v in (job.get("workload_knobs") or {}).items()]
+        for name, value in named:
+            if isinstance(value, str) and value and Path(value).is_file():
                 files[name] = hashlib.sha256(Path(value).read_bytes()).hexdigest()
         text = json.dumps({"job": job, "files": files, "code": self.code}, sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()[:32]

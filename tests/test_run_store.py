@@ -63,6 +63,12 @@ def test_an_edited_trace_file_gets_another_key(tmp_path):
     before = store.key(job)
     trace.write_text(Path(TRACE).read_text().replace(",0,", ",60,", 1))
     assert store.key(job) != before
+    # the same for a file named by a workload knob (Workload 1 or 2 on a trace of one's own)
+    knob = {"cluster": "testbed-64", "workload": "workload2", "policy": "fifo", "seed": 0,
+            "workload_knobs": {"trace": str(trace)}}
+    before = store.key(knob)
+    trace.write_text(Path(TRACE).read_text())
+    assert store.key(knob) != before
 
 
 def test_the_fingerprint_covers_the_users_profile_tables(tmp_path, monkeypatch):
