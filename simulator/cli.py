@@ -279,7 +279,8 @@ def cmd_strategic(args: argparse.Namespace) -> int:
                   workload=args.workload, seed=args.seed, out=args.out, fairness_knob=args.fairness_knob,
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
                   workload_knobs=dict(args.workload_knob) or None, rank=args.rank,
-                  max_contenders=args.max_contenders, store=store)
+                  max_contenders=args.max_contenders, store=store, restart=args.restart,
+                  coalesce=args.coalesce, expiry_window=args.expiry_window)
     _say_kept(store)
     return 0
 

@@ -44,7 +44,9 @@ from agent.appsched import AppScheduler, CurveStoppingScheduler, JobInfo, Succes
 from agent.bidding import make_bid
 from agent.fairness import TimeLeftCache
 from agent.placement import Position, Slowdown
+from arbiter.rounds import DEFAULT_COALESCE_S
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
+from simulator.engine import DEFAULT_RESTART_S
 from simulator.workload import AppSpec
 
 STRATEGIES: dict[str, type["BiddingStrategy"]] = {}
@@ -362,7 +364,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
                   workload: str, seed: int, out: Path, fairness_knob: float = 0.8, lease: float = 600.0,
                   seeds: int = 5, workers: int | None = None, policy: str = "themis",
                   workload_knobs: dict[str, Any] | None = None, rank: str = "reported",
-                  max_contenders: int | None = None, store: Any = None) -> dict[str, Any]:
+                  max_contenders: int | None = None, store: Any = None, restart: float = DEFAULT_RESTART_S,
+                  coalesce: float = DEFAULT_COALESCE_S, expiry_window: float | None = None) -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
@@ -391,7 +394,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
     all_levels = [0.0, *[lv for lv in levels if lv != 0]]
     runs = [{"cluster": cluster, "workload": workload, "policy": policy, "fairness_knob": fairness_knob,
              "lease": lease, "strategy": (strategy, level, tuple(sorted(chosen))),
-             "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders}
+             "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders,
+             "restart": restart, "coalesce": coalesce, "expiry_window": expiry_window}
             for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
     per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds",

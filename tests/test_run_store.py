@@ -143,6 +143,20 @@ def test_the_strategic_study_keeps_its_runs(tmp_path):
     assert [p["gpu_time"]["mean"] for p in result["points"]] == [777.0, 777.0]
 
 
+def test_the_strategic_study_runs_with_the_restart_coalesce_and_expiry_window_it_is_given(tmp_path):
+    """``strategic`` took --restart, --coalesce and --expiry-window and ran with the defaults
+    (found in review)."""
+    from simulator.cli import main
+
+    argv = ["strategic", "--strategy", "overreport-spread", "--levels", "0,50", "--seeds", "1", "--workers", "1",
+            "--cluster", "testbed-64", "--workload", TRACE, "--liar", "speech", "--out", str(tmp_path),
+            "--restart", "5", "--coalesce", "2", "--expiry-window", "7"]
+    assert main(argv) == 0
+    kept = [json.loads(p.read_text())["summary"] for p in (tmp_path / "runs").glob("*.json")]
+    assert len(kept) == 2
+    assert {(s["restart_s"], s["coalesce_s"], s["expiry_window_s"]) for s in kept} == {(5.0, 2.0, 7.0)}
+
+
 def test_progress_in_a_log_is_one_line_per_finished_run(tmp_path, capsys):
     """Under nohup or in CI stderr is a file, where a live bar shows nothing until the end."""
     store = RunStore(tmp_path / "runs")
