@@ -29,7 +29,10 @@ FLOOR_S = 600.0  # apps with an ideal time below this are left out of ``max_rho_
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); 0 for no values."""
+    """The sorted values' element at index round(q / 100 * (n - 1)) (q in [0, 100]; Python's
+    round, halves to even): the lower-interpolation rank rounded, not the textbook nearest rank
+    ceil(q / 100 * n) - 1, which is one higher at some sizes. 0 for no values. Below about 100
+    apps the p99 is the max."""
     if not values:
         return 0.0
     ordered = sorted(values)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# Two-sided 95% critical values of Student's t by degrees of freedom (1-30); 1.96 beyond.
+# Two-sided 95% critical values of Student's t by degrees of freedom (1-30); beyond, t95() expands.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
         2.045, 2.042]
@@ -32,8 +32,15 @@ METRICS = ("max_rho", "mean_rho", "median_rho", "p95_rho", "p99_rho", "max_rho_f
 
 
 def t95(n: int) -> float:
-    """The critical value for a 95% interval of a mean of ``n`` values."""
-    return _T95[n - 2] if 2 <= n <= len(_T95) + 1 else 1.96
+    """The critical value for a 95% interval of a mean of ``n`` values. Beyond 30 degrees of
+    freedom, the Cornish-Fisher expansion of t around the normal 1.96 (within 1e-4 of the table's
+    values there; 1.96 itself was 3% narrow at 40 seeds)."""
+    if 2 <= n <= len(_T95) + 1:
+        return _T95[n - 2]
+    if n < 2:
+        return 1.96
+    z, df = 1.959964, n - 1
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def interval(values: Sequence[float]) -> dict[str, Any]:

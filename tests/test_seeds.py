@@ -17,7 +17,10 @@ def test_the_interval_is_the_student_t_one():
     assert stat["mean"] == 3.0 and stat["half"] == pytest.approx(half)
     assert stat["ci95"] == pytest.approx([3.0 - half, 3.0 + half])
     assert stat["values"] == values
-    assert t95(2) == 12.706 and t95(31) == 2.042 and t95(100) == 1.96
+    assert t95(2) == 12.706 and t95(31) == 2.042
+    # beyond the table: Student's t at 40, 99 and 999 degrees of freedom (1.96 was 3% narrow at 40)
+    assert t95(41) == pytest.approx(2.0211, abs=2e-4) and t95(100) == pytest.approx(1.9842, abs=2e-4)
+    assert t95(1000) == pytest.approx(1.9623, abs=2e-4) and t95(32) < t95(31)
 
 
 def test_one_seed_has_no_interval_and_equal_values_a_zero_one():
