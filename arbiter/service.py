@@ -893,6 +893,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         if app not in self.engine.apps:
             self._reject(app, INVALID, f"{app!r} has left (removed or done)", "demand")
             return
+        if self.engine.apps[app].demand == msg.demand:
+            return  # nothing changed: no journal write (a whole-journal transaction) for a repeat
         self.engine.set_demand(app, msg.demand, self.clock())
         with contextlib.suppress(Exception):
             self.journal()

@@ -429,6 +429,32 @@ def test_a_reconnect_during_an_open_round_is_welcomed_with_the_leases_that_round
     run(scenario())
 
 
+def test_a_repeated_demand_update_writes_no_journal(tmp_path):
+    """Each DemandUpdate rewrote the whole journal in one transaction on the event loop; an agent
+    repeating its demand could keep the loop busy writing the same state (found in review)."""
+    def writes() -> float:
+        return next(s.value for m in server.service.metrics.registry.collect() for s in m.samples
+                    if s.name == "themis_journal_write_seconds_count")
+
+    async def scenario():
+        nonlocal server
+        async with arbiter(tmp_path, lease_s=600.0, coalesce_s=0.05) as server:
+            a = RawStream(server, "a", await credential(server, "a"))
+            a.send(hello=pb.Hello(app="a", demand=0))
+            await a.next("welcome")
+            await wait_for(lambda: server.service._round is None and not server.service._allocating)
+            before = writes()
+            for _ in range(20):
+                a.send(demand=pb.DemandUpdate(app="a", demand=0))
+            a.send(demand=pb.DemandUpdate(app="a", demand=2))  # a change is written, after the repeats
+            await wait_for(lambda: server.service.engine.apps["a"].demand == 2)
+            assert 1 <= writes() - before <= 3  # the change, and a round it may have started (2 writes)
+            await a.close()
+
+    server = None
+    run(scenario())
+
+
 def test_done_during_an_open_round_then_a_quick_reconnect_leaves_no_ghost(tmp_path):
     async def scenario():
         async with arbiter(tmp_path, report_timeout_s=2.0, lease_s=60.0) as server:
