@@ -438,6 +438,10 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             return list(self._frozen[0])
         return sorted(self.engine.leases, key=lambda x: x.gpu)
 
+    def _leases_of(self, app: str) -> list:
+        """The app's leases, sorted by GPU; while an allocation runs, as they were when it started."""
+        return [x for x in self._leases() if x.app == app]
+
     def _free(self) -> frozenset[str]:
         return self._frozen[1] if self._frozen is not None else self.engine.free_gpus()
 
@@ -702,7 +706,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             old.end(StreamEnd("replaced", f"another stream connected as {app!r} and replaced this one"))
         conn = Connection(app, last_seen=now, limit=self.outbox_limit)
         self.conns[app] = conn
-        mine = [x for x in self._leases() if x.app == app]
+        mine = self._leases_of(app)
         if self._round is not None:
             # Leases that ran out as the open round began are the app's until the round decides
             # (D13: it runs on them, and the round may grant them back); left out, the agent would
@@ -916,8 +920,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         close (the round may already hold the app's report or bid); its stream, if any, ends now
         with ``end``."""
         if end is not None and app in self.conns and end.why != "finished":
-            held = sorted(x.gpu for x in self._leases() if x.app == app)  # the snapshot while allocating
-            self.conns[app].end(replace(end, gpus=tuple(held)))
+            self.conns[app].end(replace(end, gpus=tuple(x.gpu for x in self._leases_of(app))))
         if self._round is not None or self._allocating:
             self._deferred.append((app, None))
             return
@@ -1016,7 +1019,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             demand=(state.demand or 0) if state else 0,
             last_rho=self.last_rho.get(app, math.inf),
             n_avg=self.engine.n_avg(app, now) if state else 0.0,
-            leases=[wire.lease_pb(x) for x in self._leases() if x.app == app],
+            leases=[wire.lease_pb(x) for x in self._leases_of(app)],
         )
 
     def _app_metrics(self) -> dict[str, tuple[float, int]]:
