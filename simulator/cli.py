@@ -4,6 +4,7 @@
     themis-sim compare --policies themis,gandiva,tiresias,optimus,slaq --out results/compare
     themis-sim experiment fig9 --out results/fig9
     themis-sim strategic --strategy overreport-spread --levels 0,20,40 --out results/lying
+    themis-sim pool fig16 --out results/fig16-all results/fig16-a/fig16.json results/fig16-b/fig16.json
 
 Every run writes ``summary.json``; compare and the experiments also write PNG plots. Every command
 takes ``--plugin FILE_OR_MODULE`` (repeatable) to add policies, workloads or strategies from
@@ -12,7 +13,9 @@ outside the repository (``simulator.plugins``), and run/compare/strategic take
 ``--profiles FILE`` adds models to the slowdown table (``agent.placement.use_profiles``).
 compare, experiment and strategic keep each finished run in ``OUT/runs`` (``simulator.run_store``),
 so the same command with more seeds, or after an interruption, simulates only what is missing;
-``--fresh`` simulates everything again.
+``--fresh`` simulates everything again. ``pool`` joins the seeds of saved results of the same
+figure and settings (run apart, say on two machines) into one result with intervals and plots
+(``simulator.pooling``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from rich.table import Table
 from arbiter.cluster import ClusterFileError
 from arbiter.policies import POLICIES
 from arbiter.rounds import DEFAULT_COALESCE_S
-from simulator.engine import DEFAULT_RESTART_S
+from simulator.engine import DEFAULT_RESTART_S, RESPLITS
 from simulator.metrics import write_summary
 from simulator.run_store import RunStore
 from simulator.runs import run_seeds, simulate
@@ -171,6 +174,9 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
                    help="cap Themis's auction at the worst N bidders, as the service does (D20; default: no cap)")
     p.add_argument("--lease", type=float, default=600.0, help="lease length in seconds (D10)")
     p.add_argument("--restart", type=float, default=DEFAULT_RESTART_S, help="restart delay in seconds (D11)")
+    p.add_argument("--resplit", choices=RESPLITS, default="now",
+                   help="when an app whose GPUs grew moves its running jobs onto them: now (D11) or "
+                        "rent-or-buy (D23: once the idle GPUs have cost what the restarts would)")
     p.add_argument("--coalesce", type=float, default=DEFAULT_COALESCE_S,
                    help="seconds of events coalesced into one round (D10); larger is faster, coarser")
     p.add_argument("--expiry-window", type=float, default=None,
@@ -189,11 +195,17 @@ def _add_fresh(p: argparse.ArgumentParser) -> None:
                         "arguments and code (more seeds, or a resumed run, otherwise cost only the missing runs)")
 
 
+def _resplit(args: argparse.Namespace) -> dict[str, Any]:
+    """The resplit setting, named only when it is not the default (kept runs stay keyed as before)."""
+    return {"resplit": args.resplit} if args.resplit != "now" else {}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     summary = simulate(cluster=args.cluster, workload=args.workload, policy=args.policy,
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
                        coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed,
-                       workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders)
+                       workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
+                       **_resplit(args))
     path = write_summary(summary, args.out)
     out_console.print(summary_table([summary], f"{args.workload} on {args.cluster}"))
     console.print(f"wrote {path}")
@@ -211,7 +223,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     seeds = list(range(args.seed, args.seed + args.seeds))
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
-                  workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders)
+                  workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
+                  **_resplit(args))
     store = RunStore(args.out / "runs", reuse=not args.fresh)
     if args.seeds == 1 and (args.workers or 1) == 1:
         per_policy = [[_simulate_kept(store, {"policy": p, "seed": seeds[0], **common})] for p in policies]
@@ -269,6 +282,19 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pool(args: argparse.Namespace) -> int:
+    from simulator.pooling import PoolError, pool_files
+
+    try:
+        pooled = pool_files(args.name, args.results, args.out)
+    except PoolError as exc:
+        raise SystemExit(f"themis-sim pool: {exc}") from exc
+    seeds = pooled["seeds"]
+    console.print(f"{args.name}: {len(seeds)} seeds ({', '.join(map(str, seeds))}) pooled from {len(args.results)} "
+                  f"results into {args.out / (args.name + '.json')}")
+    return 0
+
+
 def cmd_strategic(args: argparse.Namespace) -> int:
     from simulator.strategic import run_strategic
 
@@ -280,7 +306,7 @@ def cmd_strategic(args: argparse.Namespace) -> int:
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
                   workload_knobs=dict(args.workload_knob) or None, rank=args.rank,
                   max_contenders=args.max_contenders, store=store, restart=args.restart,
-                  coalesce=args.coalesce, expiry_window=args.expiry_window)
+                  coalesce=args.coalesce, expiry_window=args.expiry_window, resplit=args.resplit)
     _say_kept(store)
     return 0
 
@@ -328,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_plugin(p)
     _add_profiles(p)
     p.set_defaults(func=cmd_experiment)
+    p = sub.add_parser("pool", help="pool the seeds of saved experiment results (same figure and settings)")
+    p.add_argument("name", help="the figure: fig12, fig13, fig14 or fig16")
+    p.add_argument("results", nargs="+", type=Path, metavar="RESULT_JSON")
+    p.add_argument("--out", type=Path, required=True, help="folder for the pooled JSON and plots")
+    p.set_defaults(func=cmd_pool)
     p = sub.add_parser("strategic", help="one or more lying apps among truthful ones (paper Fig. 15)")
     _add_common(p)
     p.add_argument("--strategy", required=True)

@@ -36,6 +36,12 @@ DEFAULT_RESTART_S = 35.0  # D11, paper 6.2.3
 #: 13, item 5): the app gained GPUs and lost none, lost some and gained none, kept exactly the same
 #: ones (its jobs or their shares changed), or lost some and gained others.
 RESTART_CAUSES = ("grew", "shrank", "resplit", "moved")
+#: When an app whose GPUs grew re-splits its running jobs (``--resplit``; D11, D23): at once when
+#: that ends its phase sooner, or after the idle GPUs have cost as much as the restarts would.
+RESPLITS = ("now", "rent-or-buy")
+#: A restart by the time since the same job's previous restart (upper edges in seconds; "first" when
+#: it had none): the restart delay, two minutes, a default lease, longer.
+RESTART_GAPS = ((35.0, "<=35s"), (120.0, "<=2min"), (600.0, "<=10min"), (math.inf, ">10min"))
 _EPS = 1e-6
 
 
@@ -49,6 +55,7 @@ class JobRun:
     ready_at: float = 0.0  # end of a restart delay
     started: bool = False
     restarts: int = 0
+    restarted_at: float | None = None
 
 
 @dataclass
@@ -64,7 +71,11 @@ class AppRun:
     scored: float = 0.0  # sum of busy GPU-seconds / S
     restarts: int = 0
     restarts_by: dict[str, int] = field(default_factory=dict)  # by cause, RESTART_CAUSES
+    restart_gaps: dict[str, int] = field(default_factory=dict)  # by time since the job's last, RESTART_GAPS
     placed_on: frozenset[str] = frozenset()  # what it held when its jobs were last placed
+    renting: tuple[float, float, int] | None = None  # rent-or-buy (D23): (since, idle GPU-s paid, idle GPUs)
+    resplit_at: float | None = None  # when a deferred growth re-split is due (D23)
+    deferred: int = 0  # growth re-splits deferred (D23)
     next_checkpoint: dict[str, float] = field(default_factory=dict)
     auction_wins: int = 0  # rounds in which the auction's PF gave it a row (D8)
     kept_sum: float = 0.0  # sum of its c_i over those rounds: 1 - c_i was its hidden payment
@@ -101,9 +112,13 @@ class Simulation:
         profiles: dict[str, ModelProfile] | None = None,
         agent_factory: Callable[[AppSpec, AppScheduler], Agent] | None = None,
         keep_rounds: bool = False,
+        resplit: str = "now",
     ):
         if restart_s < 0:
             raise ValueError("restart delay must be >= 0")
+        if resplit not in RESPLITS:
+            raise ValueError(f"unknown resplit {resplit!r}; choose from {', '.join(RESPLITS)}")
+        self.resplit = resplit
         self.cluster = cluster
         self.workload = workload
         self.policy = policy
@@ -178,12 +193,37 @@ class Simulation:
             worst = max(worst, delay + job.iters_remaining * job.iter_time_serial * slowdown / min(n, job.demand_max))
         return worst
 
+    def _rent(self, run: AppRun, keep: dict[str, int], targets: dict[str, int], n_held: int) -> bool:
+        """Rent or buy (D23): whether to keep the running jobs where they are for now. The re-split
+        costs each running job it moves a restart on its new GPUs (restart delay x GPUs); keeping
+        them leaves the GPUs the jobs do not use idle. The deterministic ski-rental rule keeps them
+        until the idle GPU-seconds paid since the growth equal that cost, then re-splits, so the
+        waste is at most twice what knowing the future would allow; a change in the meantime (more
+        GPUs, a job done) is taken by the one re-split that follows."""
+        moved = sum(n for job_id, n in targets.items()
+                    if job_id in run.jobs and run.jobs[job_id].gpus and keep.get(job_id) != n)
+        idle = n_held - sum(keep.values())
+        if moved == 0 or idle <= 0:
+            return False
+        cost = self.restart_s * moved
+        since, paid, was_idle = run.renting or (self.now, 0.0, idle)
+        paid += was_idle * (self.now - since)
+        due = self.now + (cost - paid) / idle
+        if paid >= cost * (1 - 1e-9) or due <= self.now:  # paid, or too little left for the clock to move
+            return False
+        run.renting = (self.now, paid, idle)
+        run.resplit_at = due
+        run.deferred += 1
+        return True
+
     def _place(self, name: str) -> None:
         """Give the app's GPUs to its jobs (D3). A job that may keep its GPUs keeps them; jobs
         whose share changed get the best-placed GPUs left, biggest shares first. When the app's GPUs
         grew, its jobs are re-split only if that finishes them sooner than leaving the running
         ones where they are, restarts included (D11): an even split that moves every job for one
-        more GPU each costs more than it gains near the end of a phase."""
+        more GPU each costs more than it gains near the end of a phase. With ``resplit="rent-or-buy"``
+        a growth re-split that does end the phase sooner still waits until the idle GPUs have cost
+        what its restarts would (D23, ``_rent``)."""
         run = self.runs[name]
         held = set(self.engine.held(name))
         before = run.placed_on
@@ -191,10 +231,17 @@ class Simulation:
                  else "moved")
         jobs = self._current_jobs(run.app)
         targets = self._targets(run, jobs, len(held))
+        rented = False
         if self.restart_s and len(held) >= len(jobs):
             keep = self._keep_targets(run, jobs, held)
             if keep != targets and self._phase_end(run, jobs, keep) <= self._phase_end(run, jobs, targets):
                 targets = keep
+            elif keep != targets and self.resplit == "rent-or-buy" and cause in ("grew", "resplit"):
+                rented = self._rent(run, keep, targets, len(held))
+                if rented:
+                    targets = keep
+        if not rented:
+            run.renting = run.resplit_at = None
         assigned: dict[str, tuple[str, ...]] = {}
         for job in jobs:
             mine = run.jobs[job.job_id].gpus if job.job_id in run.jobs else ()
@@ -226,6 +273,10 @@ class Simulation:
                     jr.restarts += 1
                     run.restarts += 1
                     run.restarts_by[cause] = run.restarts_by.get(cause, 0) + 1
+                    gap = "first" if jr.restarted_at is None else next(
+                        label for edge, label in RESTART_GAPS if self.now - jr.restarted_at <= edge)
+                    run.restart_gaps[gap] = run.restart_gaps.get(gap, 0) + 1
+                    jr.restarted_at = self.now
                 elif gpus:
                     jr.ready_at = self.now
                 jr.gpus = gpus
@@ -353,6 +404,8 @@ class Simulation:
             for run in self.runs.values():
                 if run.finished_at is None:
                     candidates.append(self._next_event(run))
+                    if run.resplit_at is not None:
+                        candidates.append(max(run.resplit_at, self.now))
             t = min(candidates, default=math.inf)
             if t == math.inf or (nxt == len(arrivals) and not self.engine.apps):
                 break
@@ -365,6 +418,8 @@ class Simulation:
             for name in sorted(self.runs):
                 run = self.runs[name]
                 if run.finished_at is None and self._job_events(run):
+                    touched.add(name)
+                if run.finished_at is None and run.resplit_at is not None and run.resplit_at <= self.now:
                     touched.add(name)
             for name in sorted(touched):
                 run = self.runs[name]

@@ -211,14 +211,20 @@ def _policy_sweep(setup: Setup, xs: list[float], runs: list[list[dict[str, Any]]
             for key in ("max_rho", "max_rho_floor", "p99_rho", "jain_rho", "mean_rho", "max_rho_share",
                         "gpu_time", "mean_placement_score", "avg_jct", "restarts_per_job"):
                 p.setdefault(key, []).append({k: r[key][k] for k in ("mean", "half", "values")})
+    sweep_plots(setup.out, xs, points, xlabel=xlabel, figure=figure, n_seeds=len(setup.seeds))
+    return points
+
+
+def sweep_plots(out: Path, xs: Sequence[float], points: dict[str, dict[str, Any]], *, xlabel: str, figure: str,
+                n_seeds: int) -> None:
+    """A policy sweep's plots (Figs. 12 and 13) from its points, also those of a saved result."""
     for key, ylabel, scale in (("max_rho", "max rho", 1.0), ("max_rho_floor", "max rho, T_id >= 10 min", 1.0),
                                ("jain_rho", "Jain's index of rho", 1.0), ("gpu_time", "GPU time (GPU-hours)", 3600.0)):
         means = {k: [pt["mean"] / scale for pt in v[key]] for k, v in points.items()}
         halves = {k: [pt["half"] / scale for pt in v[key]] for k, v in points.items()}
         log = key.startswith("max_rho") and max(max(m) for m in means.values()) > 20 * min(min(m) for m in means.values())
-        line_plot(setup.out / f"{key}.png", xs, means, errors=halves, xlabel=xlabel, ylabel=ylabel, log_y=log,
-                  title=f"{figure}: {ylabel} (mean, 95% CI, {len(setup.seeds)} seeds)")
-    return points
+        line_plot(out / f"{key}.png", xs, means, errors=halves, xlabel=xlabel, ylabel=ylabel, log_y=log,
+                  title=f"{figure}: {ylabel} (mean, 95% CI, {n_seeds} seeds)")
 
 
 def fig12(setup: Setup) -> dict[str, Any]:
@@ -258,12 +264,18 @@ def fig14(setup: Setup) -> dict[str, Any]:
     runs = setup.run([{"cluster": "sim-256", "workload": workload, "policy": "themis", "workload_knobs": knobs,
                        "strategy": ("misestimate", float(e), ("*",))} for e in errors], "fig14")
     rows = [{"error_percent": e, **_public(r)} for e, r in zip(errors, runs)]
-    line_plot(setup.out / "fig14.png", errors, {"max rho": [r["max_rho"]["mean"] for r in rows],
-                                                "mean rho": [r["mean_rho"]["mean"] for r in rows]},
+    fig14_plot(setup.out, rows, len(setup.seeds))
+    return {"figure": "fig14", "quick": setup.quick, "seeds": setup.seeds, "points": rows}
+
+
+def fig14_plot(out: Path, rows: Sequence[dict[str, Any]], n_seeds: int) -> None:
+    """Fig. 14's plot from its points (also those of a saved ``fig14.json``)."""
+    errors = [r["error_percent"] for r in rows]
+    line_plot(out / "fig14.png", errors, {"max rho": [r["max_rho"]["mean"] for r in rows],
+                                          "mean rho": [r["mean_rho"]["mean"] for r in rows]},
               errors={"max rho": [r["max_rho"]["half"] for r in rows], "mean rho": [r["mean_rho"]["half"] for r in rows]},
               xlabel="bid estimation error (%)", ylabel="finish-time fairness",
-              title=f"Fig. 14: estimation error (mean, 95% CI, {len(setup.seeds)} seeds)")
-    return {"figure": "fig14", "quick": setup.quick, "seeds": setup.seeds, "points": rows}
+              title=f"Fig. 14: estimation error (mean, 95% CI, {n_seeds} seeds)")
 
 
 def fig15(setup: Setup) -> dict[str, Any]:

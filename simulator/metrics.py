@@ -5,7 +5,8 @@ Per app: rho = (finish - arrival) / T_id with N_avg over the app's life (D5); th
 contention-normalised ``rho_share`` = (finish - arrival) / (time on a dedicated 1/N_avg share of the
 cluster), which Shockwave and Gavel publish and which Eq. 1 understates for apps smaller than the
 cluster; the ideal time T_id; completion time, GPU time (GPU-seconds held), placement score (1/S
-averaged over the GPU time its jobs ran), restarts (and their causes, ``RESTART_CAUSES``).
+averaged over the GPU time its jobs ran), restarts (by cause, ``RESTART_CAUSES``, and by the time
+since the same job's previous restart, ``RESTART_GAPS``).
 
 Per run: max / mean / median / p95 / p99 rho, max rho over apps whose ideal time is at least
 ``FLOOR_S`` (a one-minute app's rho is set by waiting for a round and a restart under any policy),
@@ -23,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.fairness import ideal_time
-from simulator.engine import RESTART_CAUSES, SimulationResult, app_rho, share_time
+from simulator.engine import RESTART_CAUSES, RESTART_GAPS, SimulationResult, app_rho, share_time
 
+RESTART_GAP_LABELS = ("first", *(label for _, label in RESTART_GAPS))  # the summary's order
 FLOOR_S = 600.0  # apps with an ideal time below this are left out of ``max_rho_floor``
 
 
@@ -69,6 +71,8 @@ def app_rows(result: SimulationResult) -> list[dict[str, Any]]:
                 "placement_score": run.scored / run.busy_gpu_seconds if run.busy_gpu_seconds else 1.0,
                 "restarts": run.restarts,
                 "restarts_by_cause": dict(run.restarts_by),
+                "restart_gaps": dict(run.restart_gaps),
+                "deferred_resplits": run.deferred,
                 "auction_wins": run.auction_wins,
                 "mean_hidden_payment": 1 - run.kept_sum / run.auction_wins if run.auction_wins else 0.0,
             }
@@ -114,6 +118,7 @@ def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:
         "restarts": sum(a["restarts"] for a in apps),
         "restarts_per_job": sum(a["restarts"] for a in apps) / jobs if jobs else 0.0,
         "restarts_by_cause": {cause: sum(a["restarts_by_cause"].get(cause, 0) for a in apps) for cause in RESTART_CAUSES},
+        "restart_gaps": {gap: sum(a["restart_gaps"].get(gap, 0) for a in apps) for gap in RESTART_GAP_LABELS},
         "rounds": result.rounds,
         "auctions": result.auctions,
         "noncanonical_auctions": result.noncanonical,

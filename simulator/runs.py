@@ -43,6 +43,7 @@ def simulate(
     strategy: tuple[str, float, Sequence[str]] | None = None,
     rank: str = "reported",
     max_contenders: int | None = None,
+    resplit: str = "now",
 ) -> dict[str, Any]:
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
@@ -50,7 +51,8 @@ def simulate(
     for every app), ranked by ``rank`` (D21: the liars' reported rho, or the one the arbiter computes
     with measured slowdowns); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
     loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names.
-    ``max_contenders`` caps Themis's auction as the service does (D20; None, the default: no cap)."""
+    ``max_contenders`` caps Themis's auction as the service does (D20; None, the default: no cap).
+    ``resplit="rent-or-buy"`` defers growth re-splits by the ski-rental rule (D23; default "now", D11)."""
     from simulator.plugins import load_from_env
 
     load_from_env()
@@ -66,6 +68,7 @@ def simulate(
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
+        resplit=resplit,
     )
     if show_progress:
         with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
@@ -83,7 +86,8 @@ def simulate(
     return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
                      restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
                      workload_source=the_workload.source,
-                     **({"max_contenders": max_contenders} if policy == "themis" and max_contenders else {}))
+                     **({"max_contenders": max_contenders} if policy == "themis" and max_contenders else {}),
+                     **({"resplit": resplit} if resplit != "now" else {}))
 
 
 def simulate_quietly(**kw: Any) -> dict[str, Any]:

@@ -365,7 +365,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
                   seeds: int = 5, workers: int | None = None, policy: str = "themis",
                   workload_knobs: dict[str, Any] | None = None, rank: str = "reported",
                   max_contenders: int | None = None, store: Any = None, restart: float = DEFAULT_RESTART_S,
-                  coalesce: float = DEFAULT_COALESCE_S, expiry_window: float | None = None) -> dict[str, Any]:
+                  coalesce: float = DEFAULT_COALESCE_S, expiry_window: float | None = None,
+                  resplit: str = "now") -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
@@ -396,6 +397,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
              "lease": lease, "strategy": (strategy, level, tuple(sorted(chosen))),
              "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders,
              "restart": restart, "coalesce": coalesce, "expiry_window": expiry_window}
+            | ({"resplit": resplit} if resplit != "now" else {})
             for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
     per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds",

@@ -197,3 +197,24 @@ def test_max_contenders_caps_the_simulated_auction_as_the_service_does(tmp_path)
     assert main(["run", "--workload", "small", "--max-contenders", "2", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "summary.json").read_text())["max_contenders"] == 2
     assert main(["run", "--workload", "small", "--max-contenders", "0", "--out", str(tmp_path / "zero")]) == 2
+
+
+def test_resplit_reaches_run_compare_and_strategic(tmp_path):
+    """``--resplit rent-or-buy`` (D23) is used by every command that takes it, not just parsed: the
+    two-job app of ``test_simulator`` defers its growth once, and the summaries say so."""
+    trace = tmp_path / "grow.csv"
+    trace.write_text("app,job,arrival_s,gpus,iterations,iter_time_s,model\n"
+                     "a,short,0,2,100,2.0,resnet50\na,long,0,2,400,2.0,resnet50\n"
+                     "b,only,5000,1,50,2.0,resnet50\n")
+    cluster = tmp_path / "two.toml"
+    cluster.write_text('name = "two"\n[[racks]]\nmachines = [ { gpus = 2, slots = 2 } ]\n')
+    common = ["--cluster", str(cluster), "--workload", str(trace), "--resplit", "rent-or-buy"]
+    assert main(["run", *common, "--policy", "tiresias", "--out", str(tmp_path / "run")]) == 0
+    run = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert run["resplit"] == "rent-or-buy" and sum(a["deferred_resplits"] for a in run["apps"]) >= 1
+    assert main(["compare", *common, "--policies", "tiresias", "--out", str(tmp_path / "cmp")]) == 0
+    assert json.loads((tmp_path / "cmp" / "tiresias" / "summary.json").read_text())["resplit"] == "rent-or-buy"
+    assert main(["strategic", *common, "--policy", "tiresias", "--strategy", "noisy", "--levels", "10",
+                 "--liar", "b", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "lie")]) == 0
+    kept = [json.loads(p.read_text()) for p in (tmp_path / "lie" / "runs").rglob("*.json")]
+    assert kept and all(k["summary"].get("resplit") == "rent-or-buy" for k in kept)

@@ -19,7 +19,7 @@ from arbiter.cluster import Cluster, cluster_from_mapping
 from arbiter.policies import POLICIES, make_policy
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.apps import STOP_TOLERANCE
-from simulator.engine import RESTART_CAUSES, Simulation, SimulationResult, app_rho
+from simulator.engine import RESTART_CAUSES, JobRun, Simulation, SimulationResult, app_rho
 from simulator.metrics import summarize
 from simulator.workload import AppSpec, JobSpec, Workload
 
@@ -288,6 +288,59 @@ def test_job_whose_gpu_set_grows_pays_one_restart(restart_s: float):
     assert run.finished_at == pytest.approx(short_done + restart_s + (400.0 - 100.0) * 2.0 / 2)
 
 
+def test_rent_or_buy_moves_a_grown_job_once_the_idle_gpu_has_cost_its_restart():
+    """D23 on the case above: when the short job ends, moving the long one onto both GPUs costs a
+    restart of 35 s on 2 GPUs (70 GPU-s); keeping it leaves 1 GPU idle, so it keeps its GPU for
+    70 s (35 iterations at one GPU's speed), then restarts once on both."""
+    w = Workload("grow", (fixed_app("a", [("short", 100.0, 2.0, 2), ("long", 400.0, 2.0, 2)]),))
+    r = Simulation(machine(2, 2), w, make_policy("themis"), restart_s=35.0, resplit="rent-or-buy").run()
+    (run,) = r.apps
+    short_done = C + 100.0 * 2.0
+    waited = 35.0 * 2 / 1
+    assert run.restarts == 1 and run.deferred == 1
+    assert run.finished_at == pytest.approx(short_done + waited + 35.0 + (300.0 - waited / 2.0) * 2.0 / 2)
+
+
+def test_rent_or_buy_takes_two_growths_in_one_restart():
+    """Three 3-GPU jobs on a 3-GPU machine, one GPU each (Tiresias hands a lone app the whole
+    machine; the rule is the app's own, whatever the policy). The first short job ends: the long job
+    would move onto 2 GPUs (70 GPU-s of restart) while 1 GPU idles, so it waits. The second ends
+    40 s later (40 GPU-s paid): moving onto all 3 now costs 105 GPU-s with 2 GPUs idle, so it waits
+    (105 - 40) / 2 = 32.5 s more and then restarts once, where moving at once restarts it twice."""
+    jobs = [("s1", 100.0, 2.0, 3), ("s2", 120.0, 2.0, 3), ("long", 1000.0, 2.0, 3)]
+    w = Workload("grow-twice", (fixed_app("a", jobs),))
+    now = Simulation(machine(3, 3), w, make_policy("tiresias"), restart_s=35.0).run().apps[0]
+    rent = Simulation(machine(3, 3), w, make_policy("tiresias"), restart_s=35.0, resplit="rent-or-buy").run().apps[0]
+    assert now.restarts == 2
+    assert now.restart_gaps == {"first": 1, "<=2min": 1}  # 40 s apart: past the first's 35 s delay
+    assert rent.restarts == 1 and rent.deferred == 2 and rent.restart_gaps == {"first": 1}
+    moved_at = C + 240.0 + (105.0 - 40.0) / 2
+    s = PROFILES["resnet50"].slowdown[1]  # three slots of one machine
+    left = 1000.0 - (moved_at - C) / 2.0
+    assert rent.finished_at == pytest.approx(moved_at + 35.0 + left * 2.0 * s / 3)
+
+
+def test_rent_or_buy_never_defers_to_a_time_the_clock_cannot_reach():
+    """Late in a long run the rent still owed can be too small to move the clock (now + owed ==
+    now); deferring then would wake the app at the same instant forever, so it re-splits instead."""
+    w = Workload("grow", (fixed_app("a", [("long", 400.0, 2.0, 2)]),))
+    sim = Simulation(machine(2, 2), w, make_policy("tiresias"), restart_s=35.0, resplit="rent-or-buy")
+    sim._arrive(w.apps[0])
+    run = sim.runs["a"]
+    run.jobs["long"] = JobRun("long", gpus=("r0-m0-g0",), started=True)
+    sim.now = 3e10
+    run.renting = (sim.now, 70.0 * (1 - 1e-8), 1)  # 7e-7 GPU-s owed on 1 idle GPU
+    assert sim.now + 7e-7 == sim.now
+    assert not sim._rent(run, {"long": 1}, {"long": 2}, 2)
+    run.renting = (sim.now, 35.0, 1)  # half paid: it waits the other 35 s
+    assert sim._rent(run, {"long": 1}, {"long": 2}, 2) and run.resplit_at == sim.now + 35.0
+
+
+def test_an_unknown_resplit_is_refused():
+    with pytest.raises(ValueError, match="unknown resplit 'later'"):
+        Simulation(machine(2, 2), Workload("w", ()), make_policy("themis"), resplit="later")
+
+
 def test_restarts_are_counted_by_what_happened_to_the_apps_gpus():
     """Issue 13, item 5: each restart is put down to its app's GPUs growing, shrinking, moving, or
     staying the same while its jobs are re-split. An app that arrives to half a machine and takes
@@ -302,7 +355,9 @@ def test_restarts_are_counted_by_what_happened_to_the_apps_gpus():
 
     r = Simulation(mixed_cluster(), contended(seed=3), make_policy("themis"), lease_s=100.0, restart_s=35.0).run()
     assert all(sum(run.restarts_by.values()) == run.restarts for run in r.apps)
+    assert all(sum(run.restart_gaps.values()) == run.restarts for run in r.apps)
     summary = summarize(r)
+    assert sum(summary["restart_gaps"].values()) == summary["restarts"]
     assert set(summary["restarts_by_cause"]) == set(RESTART_CAUSES)
     assert sum(summary["restarts_by_cause"].values()) == summary["restarts"] > 0
     assert sum(1 for n in summary["restarts_by_cause"].values() if n) >= 2
