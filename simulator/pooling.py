@@ -13,7 +13,9 @@ points and their settings (knob values, lease, policy, cluster) -- or pooling st
 field: pooling two different settings would publish a mean of nothing. A field that only some
 results hold (a value every seed of one run shared, by chance, but not of another) is dropped. The
 seeds must not overlap: the same seed twice would count one schedule twice (D16: a seed and the
-code fix the outcome).
+code fix the outcome). What pooling cannot see is the code each part ran: parts from code that
+schedules differently pool without complaint, so say which commit made each part (as
+docs/results/README.md does) and check a shared point where there is one.
 
 The pooled result is written as ``<figure>.json`` into ``--out`` with the figure's plots redrawn
 from it. Figures whose plots need more than the saved aggregates (Figs. 9-11 draw per-app CDFs of
