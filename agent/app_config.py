@@ -82,6 +82,8 @@ def _slowdown(app: Mapping, where: str) -> Slowdown:
         values = [_number({"s": v}, "s", f"{where}.slowdown[{i}]") for i, v in enumerate(s)]
         if any(v < 1 for v in values):
             raise AppConfigError(f"{where}.slowdown values must be >= 1")
+        if any(b < a for a, b in zip(values, values[1:])):  # D1: a wider placement is never faster
+            raise AppConfigError(f"{where}.slowdown must not decrease from slot to cluster, got {s}")
         return (values[0], values[1], values[2], values[3])
     return NO_SLOWDOWN
 
@@ -111,8 +113,9 @@ def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContex
         raise AppConfigError(f"{label}: needs an [app] table")
     where = f"{label}: app"
     kind = app.get("kind")
-    if kind in APP_KEYS:
-        _known(app, APP_KEYS[kind], f"{where} (kind {kind!r})")
+    if not isinstance(kind, str) or kind not in APP_KEYS:
+        raise AppConfigError(f"{where}.kind must be 'successive_halving' or 'single_job', got {kind!r}")
+    _known(app, APP_KEYS[kind], f"{where} (kind {kind!r})")
     slowdown = _slowdown(app, where)
     start = _number(app, "start_time", where, positive=False, default=0.0)
     scheduler: AppScheduler
@@ -127,7 +130,7 @@ def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContex
                 start_time=start,
                 budget_gpu_seconds=None if budget is None else _number(app, "budget_gpu_seconds", where),
             )
-        elif kind == "single_job":
+        else:  # single_job
             job = JobInfo(
                 _number(app, "iterations", where),
                 _number(app, "iter_time", where),
@@ -136,8 +139,6 @@ def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContex
                 str(app.get("name", "job0")),
             )
             scheduler = SingleJobApp(job, start_time=start)
-        else:
-            raise AppConfigError(f"{where}.kind must be 'successive_halving' or 'single_job', got {kind!r}")
     except ValueError as exc:
         if isinstance(exc, AppConfigError):
             raise
@@ -166,9 +167,11 @@ def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContex
 def load_app(path: str | Path) -> tuple[AppScheduler, AppContext]:
     label = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise AppConfigError(f"{label}: cannot read app file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise AppConfigError(f"{label}: not UTF-8 text (byte {exc.start}): is it a TOML app file?") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

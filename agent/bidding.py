@@ -33,7 +33,8 @@ then every power of two and 1.5 times a power of two, plus the full remaining de
 counts for any demand up to 256 GPUs). Per count there are at most ``alternatives`` rows for each
 of the slot and machine levels, 2 x ``alternatives`` rack rows, 2 spread rows and one row of the
 app's previous GPUs: with the default 3, at most 15 rows per count, plus up to 32 single GPUs
-in a small offer: at most 272 rows for a demand of 16 and 302 for any demand up to 256.
+in a small offer, plus the app's previous GPUs as a row when their number is not a useful count
+(D10, D17): at most 272 rows for a demand of 16 and 303 for any demand up to 256.
 """
 
 from __future__ import annotations
@@ -335,7 +336,13 @@ def make_bid(
         counts = [k for k in counts if may_beat_rho_old(k)]
         if not counts:
             return BidTable(rho_old, ())
-    for gids in candidate_sets(offer.gpus, held, counts, alternatives, offer.previous, salt):
+    candidates = candidate_sets(offer.gpus, held, counts, alternatives, offer.previous, salt)
+    mine = frozenset(g for g in offer.previous if g in offer.gpus)
+    if mine and len(mine) <= remaining and len(mine) not in counts:
+        # D10, D17: winning back exactly what it runs on is the one row without a restart, whatever
+        # its size; useful_counts skips sizes above 16 (10, 13, 20, ...), so it is added here
+        candidates.append(mine)
+    for gids in candidates:
         value = rho(held_positions + [offer.gpus[g] for g in gids], frozenset(held) | gids)
         if value < rho_old:
             rows.append((gids, value))

@@ -5,7 +5,7 @@
 prints JSON {"<gpus>": rho, ...}: the app's finish-time fairness (Eq. 1/2, D2-D4) if it held that
 many GPUs from now until it finishes, placed at the given locality level (D1).
 
-    themis-agent run APP.toml --arbiter HOST:PORT --token T [--app NAME] [--speedup X]
+    themis-agent run APP.toml --arbiter HOST:PORT --token T [--name NAME] [--speedup X]
 
 registers the app with an admin-issued token (or reuses the credential kept in
 ``--credential-file``), connects, and runs the app's jobs emulated on the GPUs it is granted
@@ -84,6 +84,7 @@ def run_agent(args: argparse.Namespace) -> int:
     import grpc
 
     from agent.client import AgentClient, register
+    from agent.credential import CredentialFileError, keep_credential, read_credential
     from agent.emulated import EmulatedJobs
     from agent.emulated_record import EmulatedRunRecord, TellingAgent
 
@@ -94,13 +95,22 @@ def run_agent(args: argparse.Namespace) -> int:
     except AppConfigError as exc:
         print(f"themis-agent: {exc}", file=sys.stderr)
         return 2
+    if not (math.isfinite(args.speedup) and args.speedup > 0):  # before registering spends the token
+        print(f"themis-agent: --speedup must be a positive number, got {args.speedup}", file=sys.stderr)
+        return 2
     app.start_time = time.time()
     name = args.name or Path(args.app).stem
-    tls_ca = Path(args.tls_ca).read_bytes() if args.tls_ca else None
     cred_file = Path(args.credential_file) if args.credential_file else None
+    try:
+        tls_ca = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+        credential = read_credential(cred_file) if cred_file else None
+    except (OSError, CredentialFileError) as exc:
+        print(f"themis-agent: {'--tls-ca: ' if not isinstance(exc, CredentialFileError) else ''}{exc}",
+              file=sys.stderr)
+        return 2
 
     async def main_async() -> int:
-        credential = cred_file.read_text().strip() if cred_file and cred_file.exists() else None
+        nonlocal credential
         if credential is None:
             if not args.token:
                 print("themis-agent: --token is required the first time (themis-arbiter issue-token)", file=sys.stderr)
@@ -111,8 +121,7 @@ def run_agent(args: argparse.Namespace) -> int:
                 print(f"themis-agent: registration refused: {exc.code().name}: {exc.details()}", file=sys.stderr)
                 return 1
             if cred_file:
-                cred_file.touch(mode=0o600)
-                cred_file.write_text(credential + "\n")
+                keep_credential(cred_file, credential)
         agent = TellingAgent(app, name=name)
         client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)

@@ -88,6 +88,7 @@ class AgentClient:
         self._released: set[str] = set()
         self.known_round = 0  # the latest round whose leases this agent knows of (Grants, the Welcome)
         self.heartbeat_s = 10.0  # from the Welcome
+        self.heard_at = -float("inf")  # time.monotonic() of the last message from the arbiter
         self.goodbye: pb.Goodbye | None = None  # the last stream's final message, if the arbiter ended it
         self.ever_welcomed = False
 
@@ -203,7 +204,13 @@ class AgentClient:
             finally:
                 call.cancel()
 
+    def hears_arbiter(self, within_s: float) -> bool:
+        """Welcomed on a stream that brought a message (a heartbeat at least) in the last ``within_s``
+        seconds: a stream that went silent is only found broken after three heartbeat intervals."""
+        return self.welcomed.is_set() and time.monotonic() - self.heard_at <= within_s
+
     def _handle(self, msg: pb.ArbiterMessage) -> None:
+        self.heard_at = time.monotonic()
         kind = msg.WhichOneof("kind")
         if kind == "welcome":
             now_held = {x.gpu: x for x in msg.welcome.leases}

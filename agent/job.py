@@ -57,6 +57,7 @@ import contextlib
 import json
 import logging
 import math
+import numbers
 import os
 import pickle
 import signal
@@ -84,7 +85,17 @@ class CheckpointMismatch(RuntimeError):
 log = logging.getLogger("themis.job")
 
 _PR_SET_PDEATHSIG = 1
+def _plain(value: Any) -> Any:
+    """An extra as JSON can carry it: numpy/JAX scalars as Python numbers, NaN and inf as null."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if math.isfinite(value) else None
+
+
 _OWNER = "themis_checkpoint_owner"
+_ITERATION = "themis_checkpoint_iteration"
 
 
 def _die_with_parent() -> None:
@@ -190,6 +201,7 @@ class Job:
         self._sink: _MqttSink | None = None
         self._stop = threading.Event()
         self._last: tuple[float, float] | None = None  # (iteration, monotonic time) of the last step
+        self._resumed_at: float | None = None  # the iteration of the last step before the checkpoint
         self._started = time.monotonic()
         self._heartbeat = Path(heartbeat) if heartbeat else None
         self._heartbeat_timeout = heartbeat_timeout_s
@@ -300,7 +312,10 @@ class Job:
         Keyword arguments (numbers, strings) travel in the report's ``"extra"`` object."""
         now = time.monotonic()
         if self._last is None:
-            done = iteration - self.start_iteration if iteration > self.start_iteration else 1
+            # after a checkpoint, count from the iteration it was saved at: a tuner that started
+            # over (resume=True) says start_iteration 0 while the job goes on from its checkpoint
+            since = self._resumed_at if self._resumed_at is not None else self.start_iteration
+            done = iteration - since if iteration > since else 1
             elapsed = now - self._started
         else:
             done, elapsed = iteration - self._last[0], now - self._last[1]
@@ -316,8 +331,7 @@ class Job:
         payload = metrics_payload(iteration=iteration, iter_time_s=iter_time_s, gpus=self.placement,
                                   demand=self.demand, loss=loss)
         if extra:
-            payload["extra"] = {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-                                for k, v in extra.items()}
+            payload["extra"] = {k: _plain(v) for k, v in extra.items()}
         data = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
         self.reports += 1
         if self._fd is not None:
@@ -349,14 +363,18 @@ class Job:
         is written."""
         if self.checkpoint is None:
             return
-        state = {_OWNER: self.owner, "state": state}
+        state = {_OWNER: self.owner, "state": state, _ITERATION: self._last[0] if self._last else None}
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoint.with_name(f".{self.checkpoint.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.checkpoint)
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.checkpoint)
+        except BaseException:  # unpicklable state, a full disk: no half-written file left behind
+            tmp.unlink(missing_ok=True)
+            raise
 
     def resume(self) -> Any | None:
         """What the last :meth:`save` stored, or None (first start, or no checkpoint path). The
@@ -375,7 +393,12 @@ class Job:
                 f"{self.run or '-'}, job {self.job_id}, params {self.owner['params']}. Resuming it would train "
                 "another trial's model. Start the search in a new workdir or delete the checkpoint; to go on "
                 "with an interrupted search on purpose, resume it (AppRunner.create(resume=True)).")
-        return data["state"] if owner is not None else data
+        if owner is None:
+            return data
+        at = data.get(_ITERATION)
+        if isinstance(at, (int, float)) and math.isfinite(at):
+            self._resumed_at = float(at)
+        return data["state"]
 
     def close(self) -> None:
         """Flush MQTT reports (also run at exit). From here on SIGTERM is ignored: the job is on its

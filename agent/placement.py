@@ -191,7 +191,8 @@ def override_notes(table: Mapping[str, ModelProfile]) -> list[str]:
 def known_models_hint(table: Mapping[str, ModelProfile]) -> str:
     """What to say about an unknown model: the known ones and how to add one."""
     return (f"known: {', '.join(sorted(table))}; add a model with a profile table "
-            f"(--profiles FILE, or {PROFILES_ENV}), same form as {SHIPPED_TABLE}")
+            f"(themis-sim --profiles FILE, or the environment variable {PROFILES_ENV} for any program), "
+            f"same form as {SHIPPED_TABLE}")
 
 
 def model_slowdown(model: str, profiles: Mapping[str, ModelProfile] | None = None) -> Slowdown:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,8 @@ def _position(value: Any, where: str) -> Position:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """numbers.Real, so numpy's and JAX's scalars (np.float32, np.int64) are numbers too."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{where} must be a finite number, got {value!r}")
     return float(value)
 
@@ -95,7 +97,7 @@ def _check(iteration: Any, loss: Any, iter_time_s: Any, gpus: Any, demand: Any) 
     if t <= 0:
         raise ValueError(f"iter_time_s must be > 0, got {iter_time_s!r}")
     if loss is not None:
-        if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        if isinstance(loss, bool) or not isinstance(loss, numbers.Real):
             raise ValueError(f"loss must be a number or null, got {loss!r}")
         loss = float(loss) if math.isfinite(loss) else None
     if not isinstance(gpus, (list, tuple)) or not gpus:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from agent.agent import Agent
 from agent.client import AgentClient, HeldGpu, issue_token, register
 from agent.console import SearchProgress, show_progress_lines
+from agent.credential import keep_credential, read_credential
 from agent.executors import LaunchError
 from agent.fairness import finish_time_fairness
 from agent.launcher import JobExit, Launcher, string_command
@@ -268,25 +269,29 @@ class AppRunner:
         if resume and hasattr(adapter, "resume"):
             adapter.resume()  # type: ignore[attr-defined]
         path = Path(credential_file) if credential_file is not None else None
-        if credential is None and path is not None and path.exists():
-            credential = path.read_text().strip()
+        if credential is None and path is not None:
+            credential = read_credential(path)
         if credential is None:
             if token is None:
                 raise ValueError("need a credential, or a registration token to get one")
             credential = await register(arbiter, app, token, tls_ca=tls_ca)
             if path is not None:
-                path.touch(mode=0o600)
-                path.write_text(credential + "\n")
+                keep_credential(path, credential)
         bus = None
         if mqtt:
             from arbiter.events import make_bus
 
             bus = make_bus(mqtt, client_id=f"themis-agent-{app}-{id(adapter):x}")
             await bus.start()
-        client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca)
-        launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
-                            grace_s=grace_s, env=env, executor=executor, run_id=search.run_id)
-        runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)
+        try:
+            client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca)
+            launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
+                                grace_s=grace_s, env=env, executor=executor, run_id=search.run_id)
+            runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)
+        except BaseException:
+            if bus is not None:  # a bad argument must not leave the broker connection open
+                await bus.stop()
+            raise
         runner.search_run = search
         runner._own_bus = bus  # started here, stopped when the run ends
         return runner
@@ -421,9 +426,11 @@ class AppRunner:
             if not self.launcher.live():
                 self._finish()
             return
-        # While the stream is down nobody would tell us a lease ran out: stop counting on GPUs
-        # whose lease ends within a grace period (they may already be someone else's).
-        connected = self.client.welcomed.is_set()
+        # While the stream is down, or silent before the client finds it broken, nobody would tell
+        # us a lease ran out: stop counting on GPUs whose lease ends within a grace period (they
+        # may already be someone else's). Past its end a lease runs on until the round decides
+        # (D13) only while the arbiter is heard from, a heartbeat interval plus the grace.
+        connected = self.client.hears_arbiter(self.client.heartbeat_s + self.grace_s)
         wall = time.time()
         held = {g: h.position for g, h in self.client.held.items()
                 if connected or h.expires_at - self.grace_s > wall}

@@ -112,6 +112,8 @@ def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int
         raise InvalidBid(app, f"rho_old must be > 0 (or infinity), got {bid.rho_old!r}")
     if math.isfinite(bid.rho_old) and not RHO_MIN <= bid.rho_old <= RHO_MAX:
         raise InvalidBid(app, f"rho_old must be within [{RHO_MIN:g}, {RHO_MAX:g}] (or infinity), got {bid.rho_old!r}")
+    if not isinstance(bid.rows, (list, tuple)):
+        raise InvalidBid(app, f"rows must be a list of (gpus, rho) pairs, got {type(bid.rows).__name__}")
     if len(bid.rows) > max_rows:
         raise InvalidBid(app, f"{len(bid.rows)} rows, more than the limit of {max_rows}")
     for k, row in enumerate(bid.rows):
@@ -121,6 +123,8 @@ def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int
         if isinstance(gpus, (str, bytes)) or not hasattr(gpus, "__iter__"):
             raise InvalidBid(app, f"row {k}: gpus must be a set of GPU ids")
         listed = list(gpus)
+        if not all(isinstance(g, str) for g in listed):
+            raise InvalidBid(app, f"row {k}: GPU ids must be strings")
         if not listed:
             raise InvalidBid(app, f"row {k} is empty (the empty row is rho_old)")
         if len(set(listed)) != len(listed):
@@ -999,13 +1003,16 @@ def run_auction(
     max_rows: int = MAX_ROWS,
     workers: int | None = None,
     priority: Sequence[str] | None = None,
+    max_contenders: int | None = None,
 ) -> AuctionOutcome:
     """Run one partial-allocation auction (Pseudocode 1, ``auction``) over ``offered``.
 
     ``bids`` maps app -> :class:`BidTable`; every bid is validated first (D7) and the first bad one
     raises :class:`InvalidBid`. ``priority`` orders the bidders worst first (the round's rho order,
     D13; by default :func:`default_priority`): only the first |offered| bidders with a useful row
-    contend. ``position`` is accepted for callers that place GPUs (the lottery keeps whole rows).
+    contend, and at most ``max_contenders`` of them (D20; bidders without a useful row take no
+    place under the cap). ``position`` is accepted for callers that place GPUs (the lottery keeps
+    whole rows).
     ``workers`` threads run the re-solves for c_i (default: the machine's cores, at most 4).
     """
     if solver not in SOLVERS:
@@ -1019,7 +1026,8 @@ def run_auction(
         raise ValueError(f"priority must list every bidder once, got extras {strays[:5]}")
     gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
     values = _log_values(bids, gpu_bit)
-    contenders = tuple([a for a in order if a in values][: len(offered)])
+    limit = len(offered) if max_contenders is None else min(len(offered), max_contenders)
+    contenders = tuple([a for a in order if a in values][:limit])
     weighted = _weighted({a: values[a] for a in contenders})
 
     pf: dict[str, frozenset[str]] = {}

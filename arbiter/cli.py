@@ -60,6 +60,16 @@ def _admin_token(args: argparse.Namespace) -> str:
     return token
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
+    return port
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from arbiter.cluster import ClusterFileError
     from arbiter.server import ArbiterServer, ServerConfig
@@ -208,16 +218,21 @@ def cmd_slurm_sync(args: argparse.Namespace) -> int:
     text = _scontrol_nodes(args)
     if text is None:
         return 1
-    drained = []
-    for machine in unavailable(parse_nodes(text)):
+    nodes = parse_nodes(text)
+    if not nodes:  # garbage, or scontrol said something else: cron must hear of it
+        print("themis-arbiter: slurm-sync: no node lines (NodeName=...) in the scontrol output", file=sys.stderr)
+        return 1
+    drained, failed = [], []
+    for machine in unavailable(nodes):
         args.machine = machine
         try:
             cmd_drain(args)
             drained.append(machine)
         except grpc.aio.AioRpcError as exc:  # e.g. a node the arbiter's cluster file leaves out
+            failed.append(machine)
             print(f"themis-arbiter: slurm-sync: {machine}: {exc.details()}", file=sys.stderr)
-    print(json.dumps({"drained_now": drained}))
-    return 0
+    print(json.dumps({"drained_now": drained, "failed": failed}))
+    return 1 if failed else 0  # a non-zero exit is what cron reports
 
 
 def cmd_cluster_from_slurm(args: argparse.Namespace) -> int:
@@ -246,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="run the arbiter")
     s.add_argument("--cluster", required=True, help="testbed-64, sim-256 or a cluster TOML file")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    s.add_argument("--port", type=int, default=50051)
+    s.add_argument("--port", type=_port, default=50051, help="0-65535; 0 picks a free port (default 50051)")
     s.add_argument("--db", default="themis-arbiter.db", help="SQLite journal (created if missing)")
     s.add_argument("--mqtt", help="broker URL, e.g. mqtt://127.0.0.1:1883 (default: in-memory events)")
     s.add_argument("--policy", help="themis (default) or a baseline: gandiva, tiresias, optimus, slaq, fifo, drf")
@@ -258,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-contenders", type=int,
                    help="bidders the auction takes per round, worst first; 0 = no cap (default 16, D20)")
     s.add_argument("--admin-token", help="admin token (default: THEMIS_ADMIN_TOKEN or <db>.admin-token)")
-    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    s.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port")
     s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS")
     s.add_argument("--tls-key", help="PEM private key")
-    s.add_argument("--log-level", default="INFO")
+    s.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     s.set_defaults(func=cmd_serve)
     t = sub.add_parser("issue-token", help="issue a registration token for an app (admin)")
     t.add_argument("app")

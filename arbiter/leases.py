@@ -6,6 +6,7 @@ held: no GPU can ever be held by two apps, whatever the caller does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -58,8 +59,8 @@ class LeaseTable:
         if taken:
             holders = sorted({self._by_gpu[g].app for g in taken})
             raise LeaseConflict(f"cannot grant {taken[:5]} to {app!r}: already leased to {holders}")
-        if expires_at <= now:
-            raise ValueError(f"a lease must expire after it is granted ({expires_at} <= {now})")
+        if not (math.isfinite(now) and math.isfinite(expires_at)) or expires_at <= now:
+            raise ValueError(f"a lease must expire at a finite time after it is granted ({expires_at} <= {now})")
         leases = [Lease(g, app, now, expires_at, round_id) for g in gpus]
         for lease in leases:
             self._add(lease)

@@ -232,6 +232,8 @@ class RoundEngine:
 
     def _advance(self, now: float) -> None:
         """Move the engine's clock, integrating contention (D5) and attained GPU service."""
+        if not math.isfinite(now):
+            raise ValueError(f"the time must be a finite number, got {now!r}")
         if now < self._clock:
             raise ValueError(f"time went backwards: {now} < {self._clock}")
         dt = now - self._clock
@@ -254,6 +256,9 @@ class RoundEngine:
         """An app finishes or fails: its GPUs return to the pool (D10)."""
         if app not in self.apps:
             raise UnknownApp(app)
+        if self._open is not None:  # the round holds the app's report and bid: it would lease to no one
+            raise RuntimeError(f"app {app!r} cannot leave while round {self._open.round_id} is open; "
+                               "remove it once the round has closed")
         self._advance(now)
         del self.apps[app]
         freed = self.leases.release(app)
@@ -390,7 +395,9 @@ class RoundEngine:
             try:
                 rnd.bid(app, table)
             except InvalidBid:
-                pass
+                pass  # recorded in the round's rejected
+            except Exception as exc:  # a malformed bid must not leave the round open
+                rnd.note_failure(app, f"bid refused: {exc}")
         return rnd.close()
 
 
@@ -459,8 +466,9 @@ class OpenRound:
         if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
             raise InvalidReport(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
         wait = report.rho_wait
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or math.isnan(wait) or wait < 0:
-            raise InvalidReport(f"{app!r}: rho_wait must be a number >= 0, got {wait!r}")
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= RHO_MAX:
+            raise InvalidReport(f"{app!r}: rho_wait must be a number within [0, {RHO_MAX:g}] (D13: finite), "
+                                f"got {wait!r}")
         self._reports[app] = report
         self.engine.apps[app].demand = demand
 
@@ -534,6 +542,11 @@ class OpenRound:
             held = len(self.engine.held(app))
             if held and math.isinf(table.rho_old):
                 raise InvalidBid(app, f"rho_old must be finite for an app that holds {held} GPU(s) (D13)")
+            unmet = self._reports[app].demand - held
+            for k, (gpus, _) in enumerate(table.rows):
+                if len(gpus) > unmet:  # the leftover tiers cap rows at unmet demand; so does the auction
+                    raise InvalidBid(app, f"row {k} asks for {len(gpus)} GPUs, more than the app still wants: "
+                                          f"demand {self._reports[app].demand} reported, {held} held")
         except InvalidBid as exc:
             self.rejected[app] = cut_reason(exc.reason)
             raise

@@ -10,6 +10,7 @@ reconnect. Settings come from, in order: what the command line gives, what the j
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import asdict, dataclass, fields
@@ -23,11 +24,14 @@ from arbiter.events import arbiter_status_topic, make_bus
 from arbiter.rounds import RoundEngine
 from arbiter.service import ArbiterService, ParseGuard, Settings, new_secret
 from arbiter.service_metrics import ServiceMetrics
-from arbiter.store import Store
+from arbiter.store import Store, lock_journal
 from protos import themis_pb2_grpc as pb_grpc
 
 log = logging.getLogger("themis.arbiter")
 
+#: A port is this arbiter's alone: with SO_REUSEPORT (grpc's default on Linux) a second arbiter on
+#: the same port started fine and the kernel split the agents between the two.
+NO_PORT_SHARING = [("grpc.so_reuseport", 0)]
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -87,10 +91,23 @@ class ArbiterServer:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task] = []
         self._metrics_http = None
+        self._lock: int | None = None  # the journal's lock (arbiter.store.lock_journal)
 
     async def start(self) -> int:
         config = self.config
+        if not 0 <= config.port <= 65535:
+            raise ValueError(f"port must be within 0-65535 (0: any free port), got {config.port}")
         cluster = load_cluster(config.cluster)
+        tls = _tls_pair(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None
+        self._lock = lock_journal(config.db)
+        try:
+            return await self._start(config, cluster, tls)
+        except BaseException:
+            with contextlib.suppress(Exception):  # what started is stopped; the lock is let go
+                await self.stop(grace=0)
+            raise
+
+    async def _start(self, config: ServerConfig, cluster, tls: tuple[bytes, bytes] | None) -> int:
         store = Store(config.db)
         store.bind_cluster(cluster.name)
         loaded = store.load()
@@ -118,23 +135,26 @@ class ArbiterServer:
         await bus.start()
         service.republish_state()
 
-        server = grpc.aio.server(options=KEEPALIVE, interceptors=[ParseGuard()])
+        server = grpc.aio.server(options=KEEPALIVE + NO_PORT_SHARING, interceptors=[ParseGuard()])
+        self._server = server
         pb_grpc.add_ArbiterServicer_to_server(service, server)
         health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         address = f"{config.host}:{config.port}"
-        if config.tls_cert and config.tls_key:
-            creds = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
-            self.port = server.add_secure_port(address, creds)
-        else:
-            self.port = server.add_insecure_port(address)
+        try:
+            if tls is not None:
+                self.port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc says only "Failed to bind to address"
+            raise OSError(f"cannot listen on {address}: the port is taken or the host is not an address "
+                          f"of this machine ({exc})") from None
         if not self.port:
             raise OSError(f"cannot listen on {address}")
         await server.start()
         for name in HEALTH_NAMES:
             await _set_serving(health_servicer, name)
         metrics.serving.set(1)
-        self._server = server
         if config.metrics_port is not None:
             self._metrics_http = metrics.serve(config.metrics_port, config.host)
         self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats()),
@@ -184,10 +204,29 @@ class ArbiterServer:
         if self.service is not None:
             await self.service.bus.stop()
             self.service.store.close()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     async def wait(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+def _tls_pair(cert: Path, key: Path) -> tuple[bytes, bytes]:
+    """(key, chain) read and checked before binding: a file that is not PEM made grpc fail with
+    "Failed to bind to address", which sent operators after the port."""
+    out = []
+    for flag, path, marker in (("--tls-key", key, b"PRIVATE KEY-----"),
+                               ("--tls-cert", cert, b"-----BEGIN CERTIFICATE-----")):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{flag} {path}: {exc.strerror}") from None
+        if marker not in data:
+            raise ValueError(f"{flag} {path}: not a PEM {'private key' if flag == '--tls-key' else 'certificate'}")
+        out.append(data)
+    return out[0], out[1]
 
 
 async def _set_serving(servicer, name: str, status=health_pb2.HealthCheckResponse.SERVING) -> None:

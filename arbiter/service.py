@@ -67,7 +67,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 OUTBOX_LIMIT = 1000  # messages queued to one agent before it counts as stuck and its stream is ended
 MAX_CONTENDERS = 4096  # the largest cap an admin may set (D20); 0 means none
-MAX_BID_ROWS = 302  # D7's 15 rows x 18 counts and D18's 32 single GPUs; bounds the auction's work per app
+MAX_BID_ROWS = 303  # D7's 15 rows x 18 counts, D18's 32 single GPUs, the previous GPUs; bounds the auction's work
 
 # Bounds on admin input (issue 12, item 2). Each is checked before any work is done, so an absurd
 # call is refused at once; together they bound the journal's rows per write (apps + leases).
@@ -333,8 +333,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         still unknown at that moment (:meth:`clear_unknown`); returns the topics cleared."""
         try:
             retained = await self.read_retained(window_s)
-        except Exception:  # the broker is never on the scheduling path; try again at the next start
-            log.warning("could not read the broker's retained state", exc_info=True)
+        except Exception as exc:  # the broker is never on the scheduling path; try again at the next start
+            log.warning("could not read the broker's retained state",
+                        extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
             return []
         return self.clear_unknown(retained)
 
@@ -1006,6 +1007,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown credential")
             if caller != request.app:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{caller!r} cannot read {request.app!r}")
+        elif not self._known(request.app):  # as RemoveApp and RevokeCredential say it
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
         return self._app_state(request.app)
 
     def _app_state(self, app: str) -> pb.AppState:
@@ -1193,7 +1196,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         revoked = self.store.revoke(request.app)
         conn = self.conns.get(request.app)
         if conn is not None:
-            conn.end(StreamEnd("revoked", f"{request.app!r}'s credential was revoked by an admin"))
+            conn.end(StreamEnd("revoked", f"the credential of {request.app!r} was revoked by an admin"))
         log.info("credential revoked", extra={"fields": {"app": request.app, "tokens": revoked}})
         return self._app_state(request.app)
 

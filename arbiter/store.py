@@ -13,9 +13,11 @@ Tokens are stored only as SHA-256 hashes.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -48,6 +50,30 @@ class StoreError(RuntimeError):
     """A journal that cannot be used (wrong schema version, another cluster's journal, ...)."""
 
 
+def lock_journal(path: str | Path) -> int | None:
+    """Take the journal for this process: an exclusive lock on ``<journal>.lock`` holding our pid,
+    returned as a file descriptor to close when the arbiter stops (the kernel drops it if the
+    process dies). Two arbiters on one journal would overwrite each other's rounds and leases, so a
+    second one is refused, naming the first; an in-memory journal needs no lock (None)."""
+    if str(path) == ":memory:":
+        return None
+    lock = Path(f"{path}.lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StoreError(f"cannot open the journal's lock file {lock}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreError(f"the journal {path} is in use by another arbiter (pid {holder}); "
+                         "stop it first, or give this one its own --db") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -60,11 +86,14 @@ def _num(x: float | None) -> float | None:
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA busy_timeout=5000")
-        self.db.executescript(SCHEMA)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot use it as the journal: {exc}") from None
         version = self._meta("schema_version")
         if version is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))

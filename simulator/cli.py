@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +40,7 @@ from simulator.metrics import write_summary
 from simulator.run_store import RunStore
 from simulator.runs import run_seeds, simulate
 from simulator.strategic import RANKS
+from simulator.workloads import known_workloads
 
 DEFAULT_POLICIES = "themis,gandiva,tiresias,optimus,slaq"
 console = Console(stderr=True)
@@ -163,10 +166,10 @@ def _use_profiles(args: argparse.Namespace) -> None:
 
 
 def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
-    p.add_argument("--cluster", default="sim-256", help="testbed-64, sim-256 or a cluster TOML file")
+    p.add_argument("--cluster", default="sim-256", help="testbed-64, sim-256 or a cluster TOML file (default sim-256)")
     p.add_argument("--workload", default="small",
-                   help="small, workload1, workload2, synthetic, or a CSV trace "
-                        "(app,job,arrival_s,gpus,iterations,iter_time_s,model)")
+                   help=f"{', '.join(known_workloads())}, or a CSV trace "
+                        "(app,job,arrival_s,gpus,iterations,iter_time_s,model); default small")
     if policy:
         p.add_argument("--policy", default="themis", choices=sorted(POLICIES))
     p.add_argument("--fairness-knob", type=float, default=0.8, help="f of D6 (themis only)")
@@ -216,10 +219,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from simulator.plots import compare_plots
     from simulator.seeds import aggregate
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise SystemExit(f"themis-sim: unknown policies {unknown}; choose from {', '.join(sorted(POLICIES))}")
+    policies = _policies(args.policies) or []
     seeds = list(range(args.seed, args.seed + args.seeds))
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
@@ -265,10 +265,12 @@ def _say_kept(store: RunStore) -> None:
 def _policies(text: str | None) -> list[str] | None:
     if text is None:
         return None
-    names = [p.strip() for p in text.split(",") if p.strip()]
+    names = [p.strip() for p in text.split(",")]
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
         raise SystemExit(f"themis-sim: unknown policies {unknown}; choose from {', '.join(sorted(POLICIES))}")
+    if len(set(names)) != len(names):
+        raise SystemExit(f"themis-sim: --policies names a policy twice: {text!r}")
     return names
 
 
@@ -298,7 +300,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
 def cmd_strategic(args: argparse.Namespace) -> int:
     from simulator.strategic import run_strategic
 
-    levels = [float(x) for x in args.levels.split(",") if x.strip()]
+    levels = _levels(args.levels)
     liars: int | list[str] = [a.strip() for a in args.liar.split(",")] if args.liar else args.liars
     store = RunStore(args.out / "runs", reuse=not args.fresh)
     run_strategic(strategy=args.strategy, levels=levels, liars=liars, cluster=args.cluster,
@@ -323,6 +325,28 @@ def _load_plugins(argv: Sequence[str] | None) -> None:
         load_from_env()
     except PluginError as exc:
         raise SystemExit(f"themis-sim: {exc}") from exc
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why ``out`` cannot become the output folder (a file is there, or its nearest existing
+    parent is a file or not writable), or None."""
+    if out.exists():
+        return None if out.is_dir() else "a file is there"
+    parent = next(p for p in out.absolute().parents if p.exists())
+    if not parent.is_dir():
+        return f"{parent} is a file"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
+
+
+def _levels(text: str) -> list[float]:
+    """--levels: distinct finite percentages, at least one (each strategy checks its own range)."""
+    try:
+        levels = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--levels: comma-separated lie sizes in percent, got {text!r}") from None
+    if not levels or not all(math.isfinite(x) for x in levels) or len(set(levels)) != len(levels):
+        raise ValueError(f"--levels: give distinct finite lie sizes in percent, got {text!r}")
+    return levels
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -374,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
     _use_profiles(args)
+    problem = _out_problem(args.out)  # now, not after an hour of simulation; nothing is created yet
+    if problem:
+        console.print(f"[red]themis-sim: --out {args.out}: cannot use it as the output folder: {problem}[/]")
+        return 2
     try:
         return args.func(args)
     except (ClusterFileError, ValueError) as exc:

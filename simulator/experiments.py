@@ -384,4 +384,25 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, 
     if store.reused:
         console.print(f"{name}: {store.tally()}")
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    _print_sweep(result)
+    plots = sorted(p.name for p in out.glob("*.png"))
+    console.print(f"wrote {out / (name + '.json')}" + (f" and {', '.join(plots)}" if plots else ""))
     return result
+
+
+def _print_sweep(result: dict[str, Any]) -> None:
+    """Mean max rho and Jain's index per policy and point, for the sweeps (Figs. 12, 13)."""
+    axis = next((k for k in ("contention", "network_percent") if k in result), None)
+    policies = result.get("policies")
+    if axis is None or not isinstance(policies, dict):
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{result['figure']}: max rho / Jain's index, mean over {len(result['seeds'])} seed(s)")
+    table.add_column("policy")
+    for x in result[axis]:
+        table.add_column(f"{axis} {x}", justify="right")
+    for policy, metrics in policies.items():
+        cells = [f"{m['mean']:.2f} / {j['mean']:.3f}" for m, j in zip(metrics["max_rho"], metrics["jain_rho"])]
+        table.add_row(policy, *cells)
+    console.print(table)

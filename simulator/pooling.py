@@ -49,16 +49,25 @@ def _pool(parts: Sequence[Any], where: str) -> Any:
     if _is_interval(first):
         if not all(_is_interval(p) for p in parts):
             raise PoolError(f"{where}: an interval in one result but not in another")
-        pooled = interval([v for p in parts for v in p["values"]])
+        values = [v for p in parts for v in p["values"]]
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            raise PoolError(f"{where}: a value that is not a number ({bad[0]!r})")
+        pooled = interval(values)
         return {k: pooled[k] for k in first if k in pooled}  # a sweep's points keep no ci95
     if isinstance(first, dict):
         if not all(isinstance(p, dict) for p in parts):
             raise PoolError(f"{where}: a mapping in one result but not in another")
         out: dict[str, Any] = {}
-        for key in first:
-            if not all(key in p for p in parts):
-                continue
+        for key in sorted(set().union(*parts), key=lambda k: (k not in first, str(k))):
             here = f"{where}.{key}" if where else key
+            holders = [i for i, p in enumerate(parts) if key in p]
+            if len(holders) < len(parts):
+                if any(isinstance(parts[i][key], (dict, list)) for i in holders):
+                    # a policy, a point or a metric run in some results only: pooling would drop it
+                    raise PoolError(f"{here}: only in result {', '.join(str(i + 1) for i in holders)} of "
+                                    f"{len(parts)} (in the order given); only runs of the same settings pool")
+                continue  # a value every seed of one run shared, by chance (see the module docstring)
             values = [p[key] for p in parts]
             if key in ("seeds", "per_seed"):
                 out[key] = [x for v in values for x in v]

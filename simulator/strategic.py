@@ -67,10 +67,13 @@ class BiddingStrategy(ABC):
     claims_infinity: ClassVar[bool] = False
     #: False: the agent sends no bid when offered GPUs (D22)
     sends_bid: ClassVar[bool] = True
+    #: the largest lie that still describes an app (100: a rho, a slowdown or work scaled by 1 - x)
+    max_level: ClassVar[float] = math.inf
 
     def __init__(self, level: float, seed: int | str = 0):
-        if level < 0:
-            raise ValueError("a lie size is a percentage >= 0")
+        if not (isinstance(level, (int, float)) and 0 <= level <= self.max_level) or math.isnan(level):
+            most = "" if math.isinf(self.max_level) else f" and at most {self.max_level:g}"
+            raise ValueError(f"strategy {self.name}: a lie size is a percentage >= 0{most}, got {level!r}")
         self.level = level
         self.x = level / 100.0
         self.rng = random.Random(f"{self.name}:{seed}")
@@ -114,6 +117,7 @@ class OverreportSpread(_SlowdownLie):
 @strategy
 class UnderreportDense(_SlowdownLie):
     name = "underreport-dense"
+    max_level = 100.0
     levels = (0, 1)
     sign = -1.0
 
@@ -129,6 +133,7 @@ class MisreportWork(BiddingStrategy):
 @strategy
 class HideRows(BiddingStrategy):
     name = "hide-rows"
+    max_level = 100.0
 
     def adjust(self, bid: BidTable) -> BidTable:
         keep = round(len(bid.rows) * (1 - self.x))
@@ -138,6 +143,7 @@ class HideRows(BiddingStrategy):
 @strategy
 class Noisy(BiddingStrategy):
     name = "noisy"
+    max_level = 100.0
 
     def adjust(self, bid: BidTable) -> BidTable:
         rows = tuple((g, rho * (1 + self.rng.uniform(-self.x, self.x))) for g, rho in bid.rows)
@@ -153,6 +159,7 @@ class Misestimate(BiddingStrategy):
     pick the bidders (D6, D13), and its bid tables -- unlike ``noisy``, which redraws per bid row."""
 
     name = "misestimate"
+    max_level = 100.0
 
     def __init__(self, level: float, seed: int | str = 0):
         super().__init__(level, seed)
@@ -380,7 +387,8 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
     from simulator.seeds import interval
     from simulator.workloads import load_workload
 
-    make_strategy(strategy, 0)
+    for level in (0, *levels):  # every level checked before anything runs
+        make_strategy(strategy, level)
     check_rank(rank)
     apps = [a.app_id for a in load_workload(workload, seed=seed, **(workload_knobs or {})).apps]
     if isinstance(liars, int):

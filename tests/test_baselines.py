@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -139,6 +140,16 @@ def test_gandiva_gives_the_most_placement_sensitive_app_the_consolidated_machine
 
 
 # -- drf ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+def test_every_baseline_gives_an_app_its_previous_gpus_first(policy):
+    """D10: after its lease runs out an app that gets GPUs again gets its own back (no restart,
+    D11) when they are free; DRF placed it by locality alone and moved it."""
+    prev = frozenset(sorted(TESTBED.machines["r0-m4"])[-1:])
+    ctx = replace(context(TESTBED, {"a": 1}, reports={"a": report(rho=2.0, demand=1, remaining_s=100.0)}),
+                  previous={"a": prev})
+    assert make_policy(policy).allocate(ctx, {}).granted["a"] == prev
 
 
 def test_drf_fills_the_app_holding_fewest_until_counts_are_equal():

@@ -131,6 +131,24 @@ def test_a_row_that_moves_the_app_carries_one_restart_and_winning_back_its_gpus_
     assert plain[move] == pytest.approx(plain[back])  # same shape, same rho without the cost
 
 
+@pytest.mark.parametrize("previous, demand", [(10, 24), (20, 32), (13, 40)])
+def test_an_app_can_always_bid_to_win_back_exactly_what_it_runs_on(previous, demand):
+    """D10, D17: above 16 GPUs of remaining demand useful_counts skips sizes (10, 13, 20, ...), and an
+    app running on such a number of GPUs had no row without a restart: every row moved it."""
+    machines = sorted(CLUSTER.machines)
+    prev = [g for m in machines[:4] for g in sorted(CLUSTER.machines[m])][:previous]
+    free = prev + [g for m in machines[4:10] for g in sorted(CLUSTER.machines[m])]
+    assert previous not in useful_counts(demand)
+    offer = Offer(1, {g: CLUSTER.position(g) for g in free}, 0.0, 2.0, CLUSTER.size, held={},
+                  previous={g: CLUSTER.position(g) for g in prev})
+    table = make_bid(vgg_job(demand), offer, restart_s=300.0)
+    rows = dict(table.rows)
+    assert frozenset(prev) in rows
+    same_size = [rho for gpus, rho in rows.items() if len(gpus) == previous and gpus != frozenset(prev)]
+    assert all(rho > rows[frozenset(prev)] for rho in same_size)  # the one row without a restart
+    validate_bid("a", table, frozenset(free), max_rows=303)
+
+
 def test_single_gpu_rows_cover_a_small_offer_only():
     """D18: every GPU of an offer of at most SINGLE_ROWS GPUs is a 1-GPU row, so any contenders
     that take one GPU can all be served; a bigger offer gets no extra rows (the auction's cost)."""

@@ -485,8 +485,19 @@ def test_the_operator_writes_the_cluster_file_from_slurm_and_drains_a_node_from_
             finally:
                 slurm.run("scontrol", "update", "nodename=n3", "state=resume")
             assert proc.returncode == 0, err.decode()
-            assert json.loads(out.decode()) == {"drained_now": ["n3"]}
+            assert json.loads(out.decode()) == {"drained_now": ["n3"], "failed": []}
             assert server.service.engine.drained == {"n2", "n3"}
+            # cron hears of a sync that did nothing: scontrol output with no node, an unreachable arbiter
+            garbage = tmp_path / "garbage.txt"
+            garbage.write_text("slurm_load_node error: Unable to contact slurm controller\n")
+            down = tmp_path / "down.txt"
+            down.write_text("NodeName=n3 Arch=x86_64 State=DRAIN Gres=gpu:g0:1\n")
+            for source, arbiter_at in ((garbage, target(server)), (down, "127.0.0.1:9")):
+                proc = await asyncio.create_subprocess_exec(
+                    *cli, "slurm-sync", "--from", str(source), "--arbiter", arbiter_at, "--admin-token", ADMIN,
+                    cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                out, err = await proc.communicate()
+                assert proc.returncode == 1, (source, out.decode(), err.decode())
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
 

@@ -50,6 +50,28 @@ def test_a_crashing_training_script_stops_the_search_with_its_error(tmp_path):
     assert error.job in runner.launcher.starts and not runner.launcher.live()  # nothing left running
 
 
+def test_a_command_whose_program_does_not_exist_fails_the_search_instead_of_retrying_forever(tmp_path):
+    """A typo in the program (``pyhton3``) is the job's fault, not the engine's: it counts towards
+    the fail-fast bound. It used to be a LaunchError, retried every 30 s uncounted while the app
+    held its GPUs and ran nothing on them."""
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            adapter = HyperbandAdapter({"lr": [0.1, 0.01]}, max_resource=9, eta=3, iter_time=0.05)
+            client = AgentClient(Agent(adapter), "typo", target(server), await credential(server, "typo"),
+                                 backoff_s=(0.05, 0.5))
+            launcher = Launcher("typo", ["pyhton3-no-such-program", "train.py"], tmp_path / "w", cluster="test-8",
+                                grace_s=2.0)
+            runner = AppRunner(adapter, client, launcher, max_failures=2, max_failed_runs=3, quiet=True)
+            with pytest.raises(SearchFailed) as caught:
+                await runner.run(timeout=60)
+            return runner, caught.value
+
+    runner, error = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert "cannot start 'pyhton3-no-such-program'" in str(error) and "No such file" in str(error)
+    assert error.runs >= 3 and not runner._launch_errors  # counted as failures, not engine retries
+
+
 def test_a_search_whose_jobs_report_is_not_stopped_by_a_few_failures(tmp_path):
     """The bound counts failures with no report in between: one job reporting resets it."""
     flaky = tmp_path / "train.py"
@@ -112,3 +134,76 @@ def test_a_typo_in_an_app_file_names_the_key_and_the_file(tmp_path, table, key, 
 def test_a_correct_app_file_still_loads():
     app, ctx = app_from_mapping(APP, "inline")
     assert ctx.cluster_size == 4 and app.num_phases() == 2
+
+
+@pytest.mark.parametrize("content, error", [
+    (b'[app]\nkind = ["single_job"]\niterations = 10\niter_time = 1\n[context]\ncluster_size = 4\n',
+     "app.kind must be 'successive_halving' or 'single_job', got ['single_job']"),
+    (b"\xff\xfe\x00binary", "not UTF-8 text (byte 0)"),
+    (b'[app]\nkind = "single_job"\niterations = 10\niter_time = 1\nslowdown = [3, 2, 1, 1]\n'
+     b'[context]\ncluster_size = 4\n', "app.slowdown must not decrease from slot to cluster"),
+])
+def test_a_malformed_app_file_is_refused_with_a_message_not_a_traceback(tmp_path, content, error):
+    """A list where a string belongs was a TypeError, a binary file a UnicodeDecodeError, and a
+    slowdown that falls with the level (against D1) was accepted and made spread rows look best."""
+    path = tmp_path / "search.toml"
+    path.write_bytes(content)
+    with pytest.raises(AppConfigError) as caught:
+        load_app(path)
+    assert str(path) in str(caught.value) and error in str(caught.value)
+
+
+def test_the_agent_cli_checks_its_options_before_spending_the_one_time_token(tmp_path, capsys):
+    """``--speedup 0`` used to fail after registering: the token was spent and the credential lost.
+    A missing ``--tls-ca`` file was a FileNotFoundError traceback."""
+    from agent.cli import main
+
+    app = tmp_path / "a.toml"
+    app.write_text('[app]\nkind = "single_job"\niterations = 10\niter_time = 1\n[context]\ncluster_size = 4\n')
+    base = ["run", str(app), "--arbiter", "127.0.0.1:9", "--token", "t", "--workdir", str(tmp_path / "w")]
+    assert main([*base, "--speedup", "0"]) == 2
+    assert "--speedup must be a positive number" in capsys.readouterr().err
+    assert main([*base, "--tls-ca", str(tmp_path / "missing.pem")]) == 2
+    assert "--tls-ca" in (err := capsys.readouterr().err) and "missing.pem" in err
+
+
+def test_an_empty_credential_file_means_no_credential_and_keeping_one_is_atomic(tmp_path):
+    """An empty file (a crash between create and write) used to be the credential "", so the token
+    given with it was ignored and the agent refused."""
+    from agent.credential import CredentialFileError, keep_credential, read_credential
+
+    path = tmp_path / "cred"
+    assert read_credential(path) is None
+    path.write_text("\n")
+    assert read_credential(path) is None
+    keep_credential(path, "c-123")
+    assert read_credential(path) == "c-123" and path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["cred"]  # no temporary file left
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(CredentialFileError, match="cannot read the credential file"):
+        read_credential(path)
+
+
+def test_a_bad_argument_to_create_leaves_no_broker_connection_open(tmp_path):
+    """AppRunner.create started the metrics bus before checking the launcher's and the runner's
+    arguments, so every refused call left an MQTT connection (and its task) behind."""
+    from tests.test_events import Broker
+
+    broker = Broker(tmp_path)
+    broker.start()
+
+    async def scenario():
+        before = set(asyncio.all_tasks())
+        for bad in ({"grace_s": -1.0}, {"max_failed_runs": 0}):
+            adapter = HyperbandAdapter({"lr": [0.1]}, max_resource=3, eta=3, iter_time=0.05)
+            with pytest.raises(ValueError):
+                await AppRunner.create(adapter, [PY, "train.py"], app="a", arbiter="127.0.0.1:9",
+                                       workdir=str(tmp_path / "w"), credential="c", mqtt=broker.url, **bad)
+        await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()]
+
+    try:
+        left = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        broker.stop()
+    assert left == []

@@ -296,6 +296,64 @@ def test_the_job_library_on_its_own(tmp_path):
     assert os.listdir(tmp_path / "j") == ["ck.pkl"]  # the temporary file was renamed into place
 
 
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _reports(read_fd):
+    return [json.loads(line) for line in os.read(read_fd, 1 << 16).decode().splitlines()]
+
+
+def test_a_resumed_job_times_its_first_iteration_from_its_checkpoint_not_from_a_stale_start(tmp_path, monkeypatch):
+    """After AppRunner.create(resume=True) a tuner that starts over says start iteration 0 while the
+    job goes on from its checkpoint at 5: the first iteration time was divided by 6."""
+    clock = _Clock()
+    monkeypatch.setattr("agent.job.time.monotonic", clock)
+    read_fd, write_fd = os.pipe()
+    kw = dict(app="a", job_id="t0", gpus=("r0-m0-g0",), placement=(("r0", "r0-m0", "r0-m0-g0"),),
+              checkpoint=tmp_path / "ck.pkl", run="run-1", params={"lr": 0.1}, handle_sigterm=False,
+              metrics_fd=write_fd)
+    first = Job(**kw)
+    first.resume()
+    for it in range(1, 6):
+        clock.now += 2.0
+        first.step(it, 1.0 / it)
+    first.save({"it": 5})
+    again = Job(**kw, start_iteration=0)
+    assert again.resume() == {"it": 5}
+    clock.now += 2.0
+    again.step(6, 0.1)
+    times = [r["iter_time_s"] for r in _reports(read_fd)]
+    assert times == [2.0] * 6, times
+
+
+def test_numpy_scalars_are_numbers_to_a_job(tmp_path):
+    """np.float32 is not a float nor np.int64 an int: step() refused them (ValueError) and an extra
+    of that type broke json.dumps, so the training job crashed."""
+    import numpy as np
+
+    read_fd, write_fd = os.pipe()
+    job = Job(app="a", job_id="t0", gpus=("r0-m0-g0",), placement=(("r0", "r0-m0", "r0-m0-g0"),),
+              handle_sigterm=False, metrics_fd=write_fd)
+    job.resume()
+    job.step(np.int64(1), np.float32(0.5), acc=np.float32(0.25), seen=np.int64(32), bad=np.float64("nan"))
+    (report,) = _reports(read_fd)
+    assert report["iteration"] == 1 and report["loss"] == 0.5
+    assert report["extra"] == {"acc": 0.25, "seen": 32, "bad": None}
+
+
+def test_a_failed_save_keeps_the_old_checkpoint_and_leaves_no_temporary_file(tmp_path):
+    job = Job(checkpoint=tmp_path / "ck.pkl", handle_sigterm=False)
+    job.save({"it": 1})
+    with pytest.raises(Exception):
+        job.save({"it": 2, "lock": __import__("threading").Lock()})  # cannot be pickled
+    assert os.listdir(tmp_path) == ["ck.pkl"] and job.resume() == {"it": 1}
+
+
 def test_reports_travel_through_the_pipe_and_are_republished_on_the_bus(tmp_path):
     async def scenario():
         bus = MemoryBus()

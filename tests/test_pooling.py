@@ -118,3 +118,17 @@ def test_the_cli_pools_and_says_what_it_wrote(fake_runs, tmp_path, capsys):
     saved = json.loads((tmp_path / "out" / "fig16.json").read_text())
     assert saved["seeds"] == [3, 4, 0]
     assert (tmp_path / "out" / "fairness_knob.png").exists() and (tmp_path / "out" / "lease.png").exists()
+
+
+def test_a_policy_or_point_in_one_result_only_is_refused_not_dropped(fake_runs, tmp_path):
+    """Pooling kept only the keys every result holds, so a policy run in one part only (a smaller
+    --policies) vanished from the pooled figure without a word."""
+    a = result_of("fig16", tmp_path, 0, 1)
+    b = result_of("fig16", tmp_path, 1, 1)
+    del b["lease"]
+    with pytest.raises(PoolError, match=r"lease: only in result 1 of 2"):
+        pool_results([a, b])
+    b = json.loads((tmp_path / "fig16-1-1" / "fig16.json").read_text())
+    b["fairness_knob"][0]["max_rho"]["values"] = ["x"]
+    with pytest.raises(PoolError, match=r"fairness_knob\[0\]\.max_rho: a value that is not a number \('x'\)"):
+        pool_results([a, b])

@@ -171,21 +171,30 @@ def test_what_the_auction_leaves_is_placed_by_the_reserves_bids_in_rank_order():
     assert {g.app: (g.gpus, g.source) for g in r.grants} == {"worst": (m4, "auction"), "next": (m5, "queue")}
 
 
+CAP_CLUSTER = load_cluster("testbed-64").subcluster(["r0-m4", "r0-m5"])
+M4 = frozenset(g for g in CAP_CLUSTER.gpus if CAP_CLUSTER.gpus[g].machine == "r0-m4")
+M5 = frozenset(g for g in CAP_CLUSTER.gpus if CAP_CLUSTER.gpus[g].machine == "r0-m5")
+
+
+def capped_round(rows: dict, cap: int | None):
+    """One round on two 4-GPU machines among apps holding nothing that bid ``rows`` (ranked in the
+    order given, by waiting rho), with D20's cap ``cap``."""
+    engine = RoundEngine(CAP_CLUSTER, make_policy("themis", fairness_knob=0.0, max_contenders=cap), lease_s=1000)
+    for name in rows:
+        engine.add_app(name, 0)
+    agents = {n: Fixed(math.inf, 4, BidTable(math.inf, rows[n]), wait=float(len(rows) - k))
+              for k, n in enumerate(rows)}
+    return engine.run_round(1, agents)
+
+
 def test_a_contender_cap_auctions_among_the_worst_and_queues_the_rest_in_rank_order():
     """D20: with max_contenders = 1 only the worst-ranked of three filtered bidders contends; the
     next two are served from what the auction left, by their own rows, in rank order."""
-    cluster = load_cluster("testbed-64").subcluster(["r0-m4", "r0-m5"])
-    m4 = frozenset(g for g in cluster.gpus if cluster.gpus[g].machine == "r0-m4")
-    m5 = frozenset(g for g in cluster.gpus if cluster.gpus[g].machine == "r0-m5")
+    m4, m5 = M4, M5
     rows = {"worst": ((m4, 1.0), (m5, 1.0)), "next": ((m4, 1.0), (m5, 1.1)), "last": ((m5, 1.0),)}
 
     def run(cap):
-        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.0, max_contenders=cap), lease_s=1000)
-        for name in rows:
-            engine.add_app(name, 0)
-        agents = {n: Fixed(math.inf, 4, BidTable(math.inf, rows[n]), wait=w)
-                  for n, w in (("worst", 3.0), ("next", 2.0), ("last", 1.0))}
-        return engine.run_round(1, agents)
+        return capped_round(rows, cap)
 
     capped = run(1)
     assert capped.decision.auction.contenders == ("worst",)
@@ -196,6 +205,16 @@ def test_a_contender_cap_auctions_among_the_worst_and_queues_the_rest_in_rank_or
     assert uncapped.decision.auction.contenders == ("worst", "next", "last")
     with pytest.raises(ValueError, match="max_contenders"):
         make_policy("themis", max_contenders=0)
+
+
+def test_a_bidder_without_a_useful_row_takes_no_place_under_the_contender_cap():
+    """D8 leaves a bidder with no useful row out of the auction, and D20's cap counts contenders:
+    an empty table ranked first used up the one place, so the next bidder skipped the lottery and
+    took its row for sure from the queue."""
+    rows = {"empty": (), "next": ((M4, 1.0),), "last": ((M4, 1.0),)}
+    assert capped_round(rows, 1).decision.auction.contenders == ("next",)
+    assert (capped_round(rows, 2).decision.auction.contenders == capped_round(rows, None).decision.auction.contenders
+            == ("next", "last"))
 
 
 def test_the_round_event_counts_gpus_that_moved_to_another_app_at_expiry():

@@ -16,7 +16,7 @@ from agent.placement import load_profiles
 from arbiter.cluster import load_cluster
 from arbiter.policies import make_policy
 from arbiter.policies.themis import filter_worst
-from arbiter.rounds import RoundEngine
+from arbiter.rounds import InvalidReport, RoundEngine
 from protos.messages import BidTable, RhoReport
 
 STEP = 20.0
@@ -473,3 +473,69 @@ def test_a_round_that_fails_takes_nothing_away_and_grants_nothing():
     assert {lease.gpu for lease in rnd.expired} == held
     rnd.abandon()
     assert e.held("a") == held and e.round_due(14)
+
+
+def test_a_row_bigger_than_what_the_app_still_wants_is_refused():
+    """The leftover tiers cap rows at unmet demand; the auction did not: an app that reported
+    demand 1 and bid a 4-GPU row won all 4."""
+    e = small_engine()
+    e.add_app("a", 0)
+    four = frozenset(g for g in e.free_gpus() if "-m4-" in g)
+    r = e.run_round(1, {"a": Scripted(rho=math.inf, demand=1, bid=BidTable(math.inf, ((four, 1.0),)))})
+    assert "row 0 asks for 4 GPUs, more than the app still wants: demand 1 reported, 0 held" in r.rejected["a"]
+    assert not e.held("a")
+
+
+@pytest.mark.parametrize("table", [
+    BidTable(math.inf, None),  # type: ignore[arg-type]
+    BidTable(math.inf, (((["r0-m0-g0"],), 1.0),)),  # an unhashable GPU id
+    BidTable(math.inf, ((frozenset({7}), 1.0),)),  # a GPU id that is not a string
+])
+def test_a_malformed_in_process_bid_is_refused_and_the_engine_goes_on(table):
+    """A TypeError from validating such a bid escaped run_round and left the round open for good:
+    every later open_round raised "round 1 is still open"."""
+    e = small_engine()
+    e.add_app("a", 0)
+    r = e.run_round(1, {"a": Scripted(rho=math.inf, demand=1, bid=table)})
+    assert r.rejected["a"] and not e.held("a")
+    e.set_demand("a", 1, 2)
+    assert e.run_round(3, {"a": Scripted(rho=4.0, demand=1)}).grants  # the engine is not stuck
+
+
+def test_an_app_cannot_leave_while_a_round_is_open():
+    """The open round keeps the app's report and bid: it would lease GPUs to an app the engine no
+    longer knows, which no release could free and the journal could not restore."""
+    e = small_engine()
+    e.add_app("a", 0)
+    e.add_app("b", 0)
+    rnd = e.open_round(1)
+    for request in rnd.requests:
+        rnd.report(request.app, RhoReport(4.0, 1))
+    for app, offer in rnd.offers().items():
+        rnd.bid(app, any_placement(offer, 1, 4.0))
+    with pytest.raises(RuntimeError, match="cannot leave while round 1 is open"):
+        e.remove_app("a", 1)
+    rnd.close()
+    e.remove_app("a", 2)
+    assert set(e.apps) == {"b"} and {lease.app for lease in e.leases} <= {"b"}
+    RoundEngine(e.cluster, make_policy("themis")).restore(e.state())  # the journal is consistent
+
+
+@pytest.mark.parametrize("when", [float("nan"), float("inf")])
+def test_a_time_that_is_not_finite_is_refused(when):
+    """NaN passed ``now < clock``: N_avg silently became 1 and leases granted at NaN never expired."""
+    e = small_engine()
+    e.add_app("a", 0)
+    with pytest.raises(ValueError, match="finite"):
+        e.add_app("b", when)
+    assert e.clock == 0 and set(e.apps) == {"a"}
+
+
+def test_an_infinite_waiting_rho_is_refused():
+    """D13's waiting rho is finite; infinity ranked a liar first among the apps that hold nothing."""
+    e = small_engine()
+    e.add_app("a", 0)
+    rnd = e.open_round(1)
+    with pytest.raises(InvalidReport, match="rho_wait"):
+        rnd.report("a", RhoReport(math.inf, 1, rho_wait=math.inf))
+    rnd.abandon()

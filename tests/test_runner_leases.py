@@ -42,6 +42,11 @@ class ScriptedClient:
         self.held: dict[str, HeldGpu] = {}
         self.finished = False
         self.welcomed = asyncio.Event()
+        self.heartbeat_s = 10.0
+        self.heard_at = time.monotonic()  # what the test says it last heard
+
+    def hears_arbiter(self, within_s):
+        return self.welcomed.is_set() and time.monotonic() - self.heard_at <= within_s
 
     def grant(self, gpus, expires_at):
         got = {g: HeldGpu(g, ("r0", "r0-m0", g), expires_at) for g in gpus}
@@ -104,6 +109,22 @@ def test_no_job_runs_on_a_lease_that_ran_out_while_the_stream_was_down(tmp_path)
             runner.step()
             time.sleep(0.05)
         assert [run.gpus for run in launcher.live().values()] == [("r0-m0-g0",)]
+    finally:
+        asyncio.run(launcher.shutdown(1))
+
+
+def test_an_expired_lease_is_not_run_on_while_a_stream_that_looks_connected_has_gone_silent(tmp_path):
+    """A stream is found broken only after three silent heartbeat intervals; a lease past its end
+    used to count for all that time, on GPUs the round may have given to another app meanwhile."""
+    adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 1000)]], iter_time=0.05)
+    runner, client, launcher = make(tmp_path, adapter, grace_s=1.0)
+    client.welcomed.set()
+    client.grant(["r0-m0-g0"], expires_at=time.time() - 5)  # ran out; the round has not decided yet
+    try:
+        _step_until(runner, lambda: launcher.live())  # heard from just now: it runs on (D13)
+        client.heard_at = time.monotonic() - (client.heartbeat_s + 2.0)  # silent since, still "welcomed"
+        _step_until(runner, lambda: not launcher.live())
+        assert launcher.history[-1].requested  # stopped by the runner, not crashed
     finally:
         asyncio.run(launcher.shutdown(1))
 

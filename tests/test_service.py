@@ -134,6 +134,11 @@ def test_access_control(tmp_path):
                     await stub.GetApp(pb.GetAppRequest(app="b"), metadata=as_a)
                 assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert (await stub.GetApp(pb.GetAppRequest(app="a"), metadata=as_a)).app == "a"
+                as_admin = [("authorization", f"Bearer {ADMIN}")]
+                assert (await stub.GetApp(pb.GetAppRequest(app="b"), metadata=as_admin)).app == "b"
+                with pytest.raises(grpc.aio.AioRpcError) as err:  # not a made-up state with rho inf
+                    await stub.GetApp(pb.GetAppRequest(app="nosuch"), metadata=as_admin)
+                assert err.value.code() == grpc.StatusCode.NOT_FOUND and "never registered" in err.value.details()
                 for call, req in ((stub.ListLeases, pb.ListLeasesRequest()), (stub.IssueToken, pb.IssueTokenRequest(app="x")),
                                   (stub.UpdateSettings, pb.SettingsUpdate(lease_s=1.0))):
                     with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -870,3 +870,31 @@ def test_gpus_the_new_welcome_does_not_list_are_reported_lost_so_their_jobs_stop
             door.cut()
 
     run(scenario())
+
+
+def test_a_second_arbiter_on_the_same_journal_or_port_is_refused_by_name(tmp_path):
+    """Two arbiters on one journal overwrote each other's rounds; two on one port (grpc's
+    SO_REUSEPORT) split the agents between them. Both are refused at start, and the journal is
+    free again once the first arbiter stops."""
+    from arbiter.server import ArbiterServer, ServerConfig
+    from arbiter.store import StoreError
+    from tests.service_kit import ADMIN, cluster_file
+
+    async def scenario():
+        async with arbiter(tmp_path) as first:
+            same_db = ArbiterServer(ServerConfig(cluster=str(cluster_file(tmp_path)), port=0, admin_token=ADMIN,
+                                                 db=tmp_path / "arbiter.db"))
+            with pytest.raises(StoreError, match=r"in use by another arbiter \(pid \d+\)"):
+                await same_db.start()
+            same_port = ArbiterServer(ServerConfig(cluster=str(cluster_file(tmp_path)), port=first.port,
+                                                   admin_token=ADMIN, db=tmp_path / "other.db"))
+            with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
+                await same_port.start()
+            again = ArbiterServer(ServerConfig(cluster=str(cluster_file(tmp_path)), port=0, admin_token=ADMIN,
+                                               db=tmp_path / "other.db"))
+            await again.start()  # the refused start let go of other.db
+            await again.stop(grace=0)
+        async with arbiter(tmp_path) as later:  # the first one stopped: its journal is free
+            assert later.port
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -63,6 +63,40 @@ def test_seeds_and_workers_below_one_are_refused_naming_the_flag(argv, tmp_path,
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["run", "--workload", "synthetic", "--workload-knob", "apps=abc"], "knob apps wants a number"),
+    (["run", "--workload", "synthetic", "--workload-knob", "kind=3"], "knob kind wants a string"),
+    (["strategic", "--strategy", "noisy", "--levels", "200"], "strategy noisy: a lie size is a percentage >= 0 and at most 100"),
+    (["strategic", "--strategy", "noisy", "--levels", "0,abc"], "--levels: comma-separated lie sizes"),
+    (["strategic", "--strategy", "noisy", "--levels", "50,50"], "--levels: give distinct finite lie sizes"),
+    (["compare", "--policies", "themis,themis"], "names a policy twice"),
+])
+def test_bad_flag_values_are_refused_by_name_before_anything_runs(argv, said, tmp_path, capsys):
+    """Each of these was a traceback from deep inside (a TypeError in the workload builder, a
+    simulation that stalled on a 200% noise) or ran with the bad value (a policy twice)."""
+    try:
+        code = main([*argv, "--seeds", "1", "--out", str(tmp_path / "o")] if argv[0] != "run"
+                    else [*argv, "--out", str(tmp_path / "o")])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 2
+        said_where = str(exc.code)
+    else:
+        said_where = ""
+    assert code == 2
+    assert said in " ".join((said_where + capsys.readouterr().err).split())
+    assert not (tmp_path / "o" / "runs").exists() or not any((tmp_path / "o" / "runs").iterdir())
+
+
+def test_an_out_that_cannot_be_a_folder_is_refused_before_simulating(tmp_path, capsys):
+    taken = tmp_path / "summary.json"
+    taken.write_text("{}")
+    assert main(["run", "--workload", str(TRACE), "--out", str(taken)]) == 2
+    assert "cannot use it as the output folder: a file is there" in " ".join(capsys.readouterr().err.split())
+    assert taken.read_text() == "{}"
+    assert main(["run", "--workload", str(TRACE), "--out", str(taken / "deeper")]) == 2
+    assert "summary.json is a file" in "".join(capsys.readouterr().err.split("\n"))
+
+
 def test_strategic_study_writes_points_for_each_level(tmp_path):
     assert main(["strategic", "--strategy", "overreport-spread", "--levels", "0,50", "--seeds", "2", "--workers", "1",
                  "--cluster", "testbed-64", "--workload", str(TRACE), "--liar", "speech", "--out", str(tmp_path)]) == 0

@@ -31,11 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-__all__ = ["EXECUTORS", "Executor", "Handle", "JobCommand", "LaunchError", "Status", "make_executor", "register"]
+__all__ = ["EXECUTORS", "BadCommand", "Executor", "Handle", "JobCommand", "LaunchError", "Status", "make_executor",
+           "register"]
 
 
 class LaunchError(RuntimeError):
-    """The executor could not start a job (the message says what the engine answered)."""
+    """The executor could not start a job (the message says what the engine answered). The runner
+    takes it for the engine's trouble and tries again later without counting a failure."""
+
+
+class BadCommand(ValueError):
+    """The job's own command cannot run: no such program, not executable, no such working folder.
+    Trying again cannot help, so the runner counts it as the job's failure (its fail-fast limits)
+    instead of holding the app's GPUs while it retries forever."""
 
 
 @dataclass(frozen=True)

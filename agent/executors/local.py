@@ -29,7 +29,17 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agent.executors.base import Executor, Handle, JobCommand, LaunchError, Status, _Tracked, check_indices, register
+from agent.executors.base import (
+    BadCommand,
+    Executor,
+    Handle,
+    JobCommand,
+    LaunchError,
+    Status,
+    _Tracked,
+    check_indices,
+    register,
+)
 
 __all__ = ["LocalExecutor"]
 
@@ -77,11 +87,18 @@ class LocalExecutor(Executor):
         inherits the GPU ``locks``: a lock lives as long as any process holding it, so if the agent
         dies the GPUs stay locked until the job (and whatever it forked) is gone too."""
         try:
-            with open(job.log_path, "ab") as out:
+            try:
+                out = open(job.log_path, "ab")
+            except OSError as exc:
+                raise LaunchError(f"job {job.job_id}: cannot open its log {job.log_path}: {exc}") from exc
+            with out:
                 return subprocess.Popen(
                     list(job.argv), env={**env, **{k: str(fd) for k, fd in fds.items()}}, cwd=job.cwd,
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     pass_fds=(*fds.values(), *locks), start_new_session=True, close_fds=True)
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            # the program or the working folder named by the job's command: its own fault
+            raise BadCommand(f"job {job.job_id}: cannot start {job.argv[0]!r} in {job.cwd or '.'}: {exc}") from exc
         except OSError as exc:
             raise LaunchError(f"job {job.job_id}: cannot start {job.argv[0]!r}: {exc}") from exc
         finally:
@@ -122,7 +139,7 @@ class LocalExecutor(Executor):
             del self._waiting[ref]
             try:
                 popen = self._spawn(job, env, fds, locks)
-            except LaunchError as exc:
+            except (LaunchError, BadCommand) as exc:
                 for fd in locks:
                     os.close(fd)
                 self._done[ref] = Status(tracked.handle, "exited", 127, False, str(exc))

@@ -55,4 +55,4 @@ class DrfPolicy(Policy):
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
         share = progressive_filling(len(ctx.free), ctx)
         order = sorted(share, key=lambda app: (-share[app], *arrival_then_name(app, ctx)))
-        return Decision(allocate_in_order(order, ctx.free, share, ctx.position))
+        return Decision(allocate_in_order(order, ctx.free, share, ctx.position, ctx.previous))

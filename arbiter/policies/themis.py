@@ -100,11 +100,10 @@ class ThemisPolicy(Policy):
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
         stage = set(ctx.offered[: filtered(ctx.ranked or len(ctx.unmet), self.fairness_knob)])
         priority = [a for a in ctx.offered if a in bids and a in stage]
-        if self.max_contenders is not None:
-            # D20: the auction takes the worst max_contenders bidders; the others are queued below.
-            priority = priority[: self.max_contenders]
+        # D20: the auction takes the worst max_contenders bidders with a useful row (D8); the
+        # others are queued below.
         outcome = run_auction(ctx.free, {a: bids[a] for a in priority}, seed=ctx.seed, solver=self.solver,
-                              position=ctx.position, priority=priority)
+                              position=ctx.position, priority=priority, max_contenders=self.max_contenders)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
         # In rank order, every offered app that did not contend: bidders past the first |offered|
         # with useful rows, then the reserve (D14). A contender has had its auction (D8); letting it

@@ -108,12 +108,36 @@ def load_workload(name_or_path: str, *, seed: int = 0, **knobs) -> Workload:
         if unknown:
             raise WorkloadError(f"workload {entry.name!r} has no knob {', '.join(map(repr, unknown))}; "
                                 f"its knobs: {', '.join(entry.knobs) or '(none)'}")
-        return entry.build(seed=seed, **knobs)
+        _check_knob_types(entry, knobs)
+        try:
+            return entry.build(seed=seed, **knobs)
+        except TypeError as exc:  # a knob of a type the builder cannot use, found deep inside it
+            given = ", ".join(f"{k}={v!r}" for k, v in sorted(knobs.items())) or "no knobs"
+            raise WorkloadError(f"workload {entry.name!r} ({given}): {exc}") from None
     path = Path(name_or_path)
     if path.suffix.lower() == ".csv" or path.is_file():
         return _load_csv(path, seed=seed, **knobs)
     raise WorkloadError(f"unknown workload {name_or_path!r}; known: {', '.join(known_workloads())}, "
                         "or the path of a CSV trace")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_knob_types(entry: WorkloadEntry, knobs: dict) -> None:
+    """A knob whose default is a number takes a number or a list of numbers (app_size=[2,8]); one
+    whose default is a string, a string or a list of strings. Anything else went into the builder
+    and came out as a TypeError from deep inside it ("'<' not supported ...")."""
+    params = inspect.signature(entry.build).parameters
+    for name, value in knobs.items():
+        default = params[name].default if name in params else None
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if _is_number(default) and not (items and all(_is_number(v) for v in items)):
+            raise WorkloadError(f"workload {entry.name!r}: knob {name} wants a number (or a list of numbers), "
+                                f"got {value!r}")
+        if isinstance(default, str) and not (items and all(isinstance(v, str) for v in items)):
+            raise WorkloadError(f"workload {entry.name!r}: knob {name} wants a string, got {value!r}")
 
 
 def _load_csv(path: Path, *, seed: int, **knobs) -> Workload:
