@@ -34,6 +34,7 @@ log = logging.getLogger("themis.agent")
 
 FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 SILENT_HEARTBEATS = 3  # a stream without any message for this many heartbeat intervals is broken
+DONE_RETRY_S = 20.0  # how long a finished agent goes on connecting to say Done until the arbiter acknowledges it
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,13 @@ class AgentClient:
         self.welcomed = asyncio.Event()
         self.finished = False
         self.cluster = ""  # the arbiter's cluster name, from the Welcome
-        self._released: set[str] = set()
+        self._released: dict[str, int] = {}  # GPU -> known_round when it was released
         self.known_round = 0  # the latest round whose leases this agent knows of (Grants, the Welcome)
         self.heartbeat_s = 10.0  # from the Welcome
         self.heard_at = -float("inf")  # time.monotonic() of the last message from the arbiter
         self.goodbye: pb.Goodbye | None = None  # the last stream's final message, if the arbiter ended it
         self.ever_welcomed = False
+        self._done_at: float | None = None  # time.monotonic() of done()
 
     # -- what the app does -----------------------------------------------------------------------
 
@@ -104,7 +106,8 @@ class AgentClient:
         if gpus:
             for g in gpus:
                 del self.held[g]
-            self._released |= set(gpus)  # sent again after a reconnect if the Welcome still lists them
+            # sent again after a reconnect if the Welcome still lists the lease let go of (not a later one)
+            self._released.update(dict.fromkeys(gpus, self.known_round))
             self._put(pb.AgentMessage(release=pb.Release(app=self.app, gpus=gpus, known_round=self.known_round)))
 
     def set_demand(self, demand: int) -> None:
@@ -113,6 +116,7 @@ class AgentClient:
     def done(self) -> None:
         """The app finished: its leases end and it leaves the rounds; the client then stops."""
         self.finished = True
+        self._done_at = time.monotonic()
         self._put(pb.AgentMessage(done=pb.Done(app=self.app)))
 
     def stop(self) -> None:
@@ -146,7 +150,7 @@ class AgentClient:
                 if bye.why == "finished":
                     break
                 raise AgentStopped(bye.why, bye.reason)
-            if self.finished or self._stop.is_set():
+            if self._stop.is_set() or (self.finished and not self._say_done_again()):
                 break
             if self.welcomed.is_set():
                 delay = self.backoff_s[0]  # the session worked: start the backoff over
@@ -166,6 +170,15 @@ class AgentClient:
             except TimeoutError:
                 pass
             delay = min(self.backoff_s[1], delay * 2)
+
+    def _say_done_again(self) -> bool:
+        """The app is done but no Goodbye "finished" came: its Done went out on a stream that broke
+        before the arbiter read it. Connect again to say it (``_session`` does), for a while: else the
+        arbiter kept the finished app and its leases, GPUs nobody used, until they ran out."""
+        if self._done_at is not None and time.monotonic() - self._done_at <= DONE_RETRY_S:
+            return True
+        log.warning("%s could not tell %s that it is done; its leases end when they run out", self.app, self.target)
+        return False
 
     async def _session(self) -> None:
         self._out = asyncio.Queue()
@@ -217,13 +230,15 @@ class AgentClient:
             where = wire.positions(msg.welcome.places)
             self.cluster = msg.welcome.cluster
             self.known_round = max([self.known_round] + [x.round_id for x in msg.welcome.leases])
-            again = sorted(self._released & set(now_held))  # released while the stream was down
-            self._released = set()
+            # released while the stream was down: the lease the agent let go of, not one a later
+            # round granted back (its Grant may have been lost with the stream)
+            again = sorted(g for g, at in self._released.items() if g in now_held and now_held[g].round_id <= at)
+            self._released = {}
             for g in again:
                 del now_held[g]
             if again:
                 self._put(pb.AgentMessage(release=pb.Release(app=self.app, gpus=again, known_round=self.known_round)))
-                self._released = set(again)
+                self._released = dict.fromkeys(again, self.known_round)
             lost = sorted(set(self.held) - set(now_held))
             self.held = {g: HeldGpu(g, where.get(g, ("", "", "")), x.expires_at) for g, x in now_held.items()}
             self.heartbeat_s = msg.welcome.heartbeat_s or self.heartbeat_s

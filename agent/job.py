@@ -71,7 +71,7 @@ from typing import Any
 from agent.placement import Position
 from agent.profiler import metrics_payload
 
-__all__ = ["CheckpointMismatch", "GpuMismatch", "Job"]
+__all__ = ["CheckpointMismatch", "GpuMismatch", "Job", "drop_temporary_checkpoints", "temporary_checkpoint"]
 
 
 class GpuMismatch(RuntimeError):
@@ -96,6 +96,19 @@ def _plain(value: Any) -> Any:
 
 _OWNER = "themis_checkpoint_owner"
 _ITERATION = "themis_checkpoint_iteration"
+
+
+def temporary_checkpoint(checkpoint: Path, pid: int) -> Path:
+    """Where :meth:`Job.save` of process ``pid`` writes before the rename (one name per writer)."""
+    return checkpoint.with_name(f".{checkpoint.name}.{pid}.tmp")
+
+
+def drop_temporary_checkpoints(checkpoint: Path) -> None:
+    """Remove what saves cut short left beside ``checkpoint`` (a SIGKILL between the write and the
+    rename: the grace period ran out, the OOM killer), each a whole checkpoint's size, one more per
+    killed run. Only for a job none of whose processes runs (the launcher, once it reaped the run)."""
+    for tmp in checkpoint.parent.glob(f".{checkpoint.name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def _die_with_parent() -> None:
@@ -363,9 +376,11 @@ class Job:
         is written."""
         if self.checkpoint is None:
             return
-        state = {_OWNER: self.owner, "state": state, _ITERATION: self._last[0] if self._last else None}
+        # the iteration the state is at: the last step, else (no step in this run) the checkpoint's
+        at = self._last[0] if self._last else self._resumed_at
+        state = {_OWNER: self.owner, "state": state, _ITERATION: at}
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint.with_name(f".{self.checkpoint.name}.{os.getpid()}.tmp")
+        tmp = temporary_checkpoint(self.checkpoint, os.getpid())
         try:
             with open(tmp, "wb") as f:
                 pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -37,10 +37,11 @@ deadline (``grace``); the executor sends SIGKILL once it passes (checked on :met
 ``agent.job`` turns the SIGTERM into ``step() -> True``, the script checkpoints and exits 0. Every
 local job is the leader of its own session and process group (``start_new_session``), so a stop or
 a kill reaches whatever it forked; when a job's main process ends, the executor kills what is left
-of its group before reaping it (the group id cannot be reused while the leader is a zombie). :meth:`Launcher.shutdown` stops all
-jobs gracefully, then kills; an ``atexit`` hook kills the groups of every launcher still holding
-some, and ``agent.job`` asks the kernel for SIGTERM when the launcher's process dies
-(``PR_SET_PDEATHSIG``), so no job outlives its agent.
+of its group before reaping it (the group id cannot be reused while the leader is a zombie), and
+the launcher removes the temporary file of a checkpoint a killed run was still writing.
+:meth:`Launcher.shutdown` stops all jobs gracefully, then kills; an ``atexit`` hook kills the
+groups of every launcher still holding some, and ``agent.job`` asks the kernel for SIGTERM when the
+launcher's process dies (``PR_SET_PDEATHSIG``), so no job outlives its agent.
 
 Everything here is synchronous (``poll`` is meant to be called every ~0.1 s from the runner's
 loop) and non-blocking for local jobs; an engine's executor runs its commands (``sbatch``,
@@ -66,6 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.executors.base import Executor, Handle, JobCommand, Status, make_executor
+from agent.job import drop_temporary_checkpoints
 from agent.placement import Position
 
 if TYPE_CHECKING:
@@ -115,6 +117,22 @@ def string_command(argv: str | bytes) -> str:
     text = argv.decode() if isinstance(argv, bytes) else argv
     return (f"the training command must be a list of arguments, not the string {text!r}: "
             f"pass e.g. {text.split() or ['python', 'train.py']!r} (or [sys.executable, 'train.py'])")
+
+
+def training_command(given: Any) -> list[str]:
+    """The training command as the arguments to run; TypeError or ValueError saying what to pass
+    instead, before any agent registers or job starts (issue 11: a string was taken one character
+    per argument; a path failed the first start with "'PosixPath' object is not iterable")."""
+    if isinstance(given, (str, bytes)):
+        raise TypeError(string_command(given))
+    if isinstance(given, os.PathLike):
+        raise TypeError(f"the training command must be a list of arguments, not the path {os.fspath(given)!r}: "
+                        f"pass e.g. [sys.executable, {os.fspath(given)!r}]")
+    if not isinstance(given, Sequence):
+        raise TypeError(f"the training command must be a list of arguments, not {type(given).__name__} {given!r}")
+    if not given:
+        raise ValueError("the training command is empty: pass e.g. [sys.executable, 'train.py']")
+    return [str(a) for a in given]
 
 
 def _position_of(gpu: str) -> Position:
@@ -261,8 +279,8 @@ class Launcher:
         if not grace_s >= 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self.app, self.cluster, self.mqtt, self.report = app, cluster, mqtt, report
-        if isinstance(argv, (str, bytes)):
-            raise TypeError(string_command(argv))
+        if not callable(argv):
+            training_command(argv)
         self._argv = argv
         self.workdir = Path(workdir)
         if run_id is not None and (not _JOB_ID.match(run_id) or run_id in (".", "..")):
@@ -375,12 +393,7 @@ class Launcher:
         taken = self.gpus_in_use() & set(gpus)
         if taken:
             raise RuntimeError(f"job {job}: GPUs {sorted(taken)} are still used by another job")
-        given = self._argv(spec) if callable(self._argv) else self._argv
-        if isinstance(given, (str, bytes)):
-            raise TypeError(string_command(given))
-        argv = [str(a) for a in given]
-        if not argv:
-            raise ValueError(f"job {job}: empty command")
+        argv = training_command(self._argv(spec) if callable(self._argv) else self._argv)
         parts = _by_machine(gpus, placement, self.cuda_index, job)
         env = self.environment(spec, gpus, placement)  # type: ignore[arg-type]
         if not self.executor.local:  # the engine sets CUDA_VISIBLE_DEVICES; agent.job checks it against this
@@ -492,6 +505,8 @@ class Launcher:
         self._drain(run, out, final=True)
         self.executor.release(run.handle)
         del self._runs[run.job_id]
+        with contextlib.suppress(OSError):  # a save the run did not finish (killed) is garbage now
+            drop_temporary_checkpoints(self.checkpoint_path(run.job_id))
         ended = JobExit(run.job_id, run.returncode, run.stop_deadline is not None, run.killed, run.stop_reason,
                         run.gpus, run.resumed, run.reports, run.first_iteration, run.last_iteration, run.started_at,
                         run.ended_at, status.detail)

@@ -23,12 +23,13 @@ grant, revocation or report arrives:
 
 A job that fails (non-zero exit it was not asked for, or a clean exit without progress) is restarted
 from its checkpoint up to ``max_failures`` times, then given up: ``adapter.fail(job)`` when the
-adapter has it (Optuna), else it is reported at its target iteration with an infinite loss, so a
-rung never waits for it. When ``max_failed_runs`` runs in a row fail and no job reports in between
-(a script that crashes on start, a checkpoint refused), the search stops with :class:`SearchFailed`,
-which carries the first failure's log tail (issue 11: fail fast, with the reason). A launch the
-executor could not make (``LaunchError``: sbatch refused, the
-controller is down) is not the job's failure: it is tried again with a growing pause (up to 30 s).
+adapter has it (Optuna; successive halving, which never keeps it for a next rung; curve stopping),
+else it is reported at its target iteration with an infinite loss, so a rung never waits for it.
+When ``max_failed_runs`` runs in a row fail and no job reports in between (a script that crashes
+on start, a checkpoint refused), the search stops with :class:`SearchFailed`, which carries the
+first failure's log tail (issue 11: fail fast, with the reason). A launch the executor could not
+make (``LaunchError``: sbatch refused, the controller is down) is not the job's failure: it is
+tried again with a growing pause (up to 30 s).
 
 The runner records what a summary needs: the rho the agent reported in each round it was asked
 (``rho``) and, every ``rho_every_s``, rho with the GPUs it holds then (``rho_now``; null in the
@@ -57,7 +58,7 @@ from agent.console import SearchProgress, show_progress_lines
 from agent.credential import keep_credential, read_credential
 from agent.executors import LaunchError
 from agent.fairness import finish_time_fairness
-from agent.launcher import JobExit, Launcher, string_command
+from agent.launcher import JobExit, Launcher, training_command
 from agent.placement import Position, slowdown_of
 from agent.profiler import Profiler, parse_metrics
 from agent.run_record import PLOT, RunRecord, plot
@@ -261,8 +262,8 @@ class AppRunner:
         ``resume=True`` goes on with the run recorded in ``workdir`` instead (its jobs resume from
         their checkpoints), and an adapter with a ``resume()`` method is asked to take up the trials
         that run left (Optuna: the study's RUNNING trials; give the study its storage)."""
-        if isinstance(argv, (str, bytes)):
-            raise TypeError(string_command(argv))
+        if not callable(argv):
+            training_command(argv)  # a bad command is refused before a run begins
         search = SearchRun.begin(workdir, resume=resume)
         if hasattr(adapter, "run_id"):
             adapter.run_id = search.run_id  # type: ignore[attr-defined]  (its trials carry it: resume)
@@ -342,6 +343,7 @@ class AppRunner:
         finally:
             try:
                 polled = await self.launcher.shutdown(self.grace_s)
+                self._take_last_reports(polled.metrics)
                 for exited in polled.exited:
                     self._note("exit", job=exited.job_id, returncode=exited.returncode, reason=exited.reason,
                                killed=exited.killed, resumed=exited.resumed, first_iteration=exited.first_iteration,
@@ -350,6 +352,16 @@ class AppRunner:
                 await self._close_agent(client_task, follow)
                 self._close_records()
         return self
+
+    def _take_last_reports(self, metrics: Sequence[tuple[str, Any]]) -> None:
+        """Reports the jobs made while the run shut them down: each stopped job finishes its iteration,
+        reports it and saves it in its checkpoint. The tuner gets them, so it agrees with the
+        checkpoints (a resumed Optuna study goes on where its trials' jobs do)."""
+        for job, payload in metrics:
+            try:
+                self._ingest(job, payload)
+            except Exception as exc:  # the run is ending already: never hide why it ended
+                log.warning("%s: could not take the last report of %s: %s", self.app, job, exc)
 
     def _close_records(self) -> None:
         """The end of the run's record and its plot; the progress task leaves the display."""
@@ -631,12 +643,13 @@ class AppRunner:
         log.error("%s: giving up on job %s after %d failures", self.app, job, self.failures[job])
         try:
             if hasattr(self.adapter, "fail"):
-                self.adapter.fail(job)  # type: ignore[attr-defined]
+                stops = self.adapter.fail(job) or []  # type: ignore[attr-defined]
             else:
                 target = next((t.target_iteration for t in self._runnable(1) if t.job_id == job), None)
                 at = max(self._progress.get(job, 0.0), float(target or 0), 1.0)
-                for j in self.adapter.observe(job, at, math.inf):
-                    self.launcher.stop(j, self.grace_s, reason="tuner")
+                stops = self.adapter.observe(job, at, math.inf)
+            for j in stops:
+                self.launcher.stop(j, self.grace_s, reason="tuner")
         except (KeyError, ValueError) as exc:
             log.warning("%s: could not tell the tuner that %s failed: %s", self.app, job, exc)
 

@@ -27,6 +27,12 @@ __all__ = ["RUN_FILE", "SearchRun"]
 RUN_FILE = "themis-run.json"
 
 
+def _started_a_job(folder: Path) -> bool:
+    """A job folder in the run's folder. Files alone do not count: a runner whose agent was refused or
+    never got in still closes its record there (``record.jsonl``, the plot)."""
+    return any(p.is_dir() for p in folder.iterdir())
+
+
 @dataclass(frozen=True)
 class SearchRun:
     """One run of a search in ``workdir``: ``folder`` holds its jobs' folders and its records."""
@@ -56,10 +62,10 @@ class SearchRun:
                 raise ValueError(f"{record}: not a run record ({exc}); start without resume") from None
             if not (workdir / run_id).is_dir():
                 raise FileNotFoundError(f"cannot resume run {run_id}: its folder {workdir / run_id} is gone")
-            if not any((workdir / run_id).iterdir()):
+            if not _started_a_job(workdir / run_id):
                 # that run never started a job (it could not register or connect): the run to go on
                 # with is the latest one that did
-                started = sorted(p.name for p in workdir.glob("run-*") if p.is_dir() and any(p.iterdir()))
+                started = sorted(p.name for p in workdir.glob("run-*") if p.is_dir() and _started_a_job(p))
                 run_id = started[-1] if started else run_id
             return cls(run_id, workdir, True)
         workdir.mkdir(parents=True, exist_ok=True)

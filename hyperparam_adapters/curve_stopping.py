@@ -280,7 +280,7 @@ class _CurveTrial:
     iterations: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
-    state: str = "running"  # running, stopped (pruned or diverged) or finished (converged or cap)
+    state: str = "running"  # running, stopped (pruned, diverged or failed) or finished (converged or cap)
     reason: str = ""
     fit: CurveFit | None = None
     fitted_at: int = -1  # number of reports the fit used
@@ -414,13 +414,24 @@ class CurveStoppingAdapter(TunerAdapter, CurveStoppingScheduler):
         self.touch()
         return out
 
+    def fail(self, job_id: str) -> list[str]:
+        """The runner gave up on the trial's job (it kept failing): the trial stops where it got to,
+        so its work in :meth:`budget` is what it did, and a new trial takes its slot. Returns the
+        jobs to stop, as :meth:`observe` does (none: pruning waits for a report)."""
+        trial = self._trials[job_id]
+        if trial.state == "running":
+            self._stop(trial, "stopped", "failed", [])
+            self._fill()
+            self.touch()
+        return []
+
     def best(self) -> Result | None:
         """The lowest loss any trial reported."""
         return self._best
 
     # ---- introspection ----------------------------------------------------------------------
     def status(self, job_id: str) -> tuple[str, str]:
-        """(state, reason): running, or stopped (pruned, diverged), or finished (converged, cap)."""
+        """(state, reason): running, or stopped (pruned, diverged, failed), or finished (converged, cap)."""
         t = self._trials[job_id]
         return t.state, t.reason
 

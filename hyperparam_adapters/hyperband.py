@@ -154,6 +154,7 @@ class _Trial:
     state: str = "pending"  # pending (in its rung), paused (rung reached), stopped (lost), finished
     rung_loss: float = math.inf
     last_loss: float = math.inf
+    failed: bool = False  # the runner gave up on its job: it never runs again
 
     def iter_time(self) -> float:
         """Median of the measured serial iteration times (robust to a slow first one), else declared."""
@@ -313,6 +314,19 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
             out.append(job_id)
         return out
 
+    def fail(self, job_id: str) -> list[str]:
+        """The runner gave up on the job (it kept failing) and will never start it again, so it must
+        never be kept for a next rung, which would wait for it forever: it leaves its rung now, ranked
+        last. Returns the jobs to stop, as :meth:`observe` does."""
+        trial = self._trials[job_id]
+        trial.failed = True
+        if trial.state != "pending":
+            return []
+        trial.state, trial.rung_loss = "paused", math.inf
+        ended = self._close_rungs()
+        self.touch()
+        return ended
+
     def best(self) -> Result | None:
         """The lowest loss any job reported (Li et al. return the best intermediate loss seen)."""
         return self._best
@@ -346,7 +360,8 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
 
     def _close_rungs(self) -> list[str]:
         """End every rung whose jobs all reached it: keep the best of the next rung's count (ties by
-        age), stop the rest; after a bracket's last rung, start the next bracket."""
+        age; never a failed job, so a rung may keep fewer), stop the rest; after a bracket's last rung,
+        start the next bracket."""
         ended: list[str] = []
         while self._phase <= self.num_phases() and all(self._trials[m].state == "paused" for m in self._members):
             bracket = self._phases[self._phase - 1][0]
@@ -360,14 +375,16 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
                 self._members = self._start_bracket(nxt[0]) if nxt is not None else []
                 continue
             target, count = nxt[1].resource, nxt[1].count
-            for m in ranked[count:]:
-                self._trials[m].state = "stopped"
-            ended += ranked[count:]
-            for m in ranked[:count]:
+            kept = [m for m in ranked if not self._trials[m].failed][:count]
+            for m in ranked:
+                if m not in kept:
+                    self._trials[m].state = "stopped"
+                    ended.append(m)
+            for m in kept:
                 t = self._trials[m]
                 t.state = "paused" if t.done >= target else "pending"  # an overshooting survivor
                 t.rung_loss = t.last_loss
-            self._members = ranked[:count]
+            self._members = kept
         return ended
 
 

@@ -308,7 +308,7 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
             if self.run_id is not None:
                 trial.set_user_attr(RUN_ATTR, self.run_id)  # which search run owns it (resume)
             if self.suggest is not None:
-                self.suggest(trial)
+                self._suggest(trial)
             job = self.job_id(trial.number)
             self._running[job] = trial
             self._number[job] = trial.number
@@ -320,6 +320,16 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
             TrialSpec(job, dict(trial.params), self.trial_demand, self._done[job], self.max_resource)
             for job, trial in self._running.items()
         ]
+
+    def _suggest(self, trial: optuna.Trial) -> None:
+        """The user's ``suggest``. When it raises, the trial is told FAIL before the error goes on, as
+        ``study.optimize`` does with an objective that raises: left RUNNING with part of its
+        parameters, it would be taken up by a resumed run and trained with them."""
+        try:
+            self.suggest(trial)  # type: ignore[misc]
+        except (Exception, KeyboardInterrupt):
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
 
     def assign(self, gpus: Mapping[str, Position]) -> dict[str, tuple[str, ...]]:
         """As ``TunerAdapter.assign`` (D3), asking first the trials these GPUs can run; remembers each

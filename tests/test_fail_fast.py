@@ -4,6 +4,7 @@ failure's log; a command given as a string is refused at once; a typo in an app 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from agent.client import AgentClient
 from agent.launcher import Launcher
 from agent.runner import AppRunner, SearchFailed
 from agent.trial import TrialSpec
-from hyperparam_adapters.hyperband import HyperbandAdapter
+from hyperparam_adapters.curve_stopping import CurveStoppingAdapter
+from hyperparam_adapters.hyperband import HyperbandAdapter, SuccessiveHalvingAdapter
 from tests.service_kit import arbiter, credential, target
 
 PY = sys.executable
@@ -104,6 +106,26 @@ def test_a_command_given_as_a_string_is_refused_at_once(tmp_path):
     with pytest.raises(TypeError, match="list of arguments"):
         launcher.start(TrialSpec("t1", {"lr": 0.1}), ["r0-m0-g0"])
     assert not launcher.live() and not launcher.starts
+
+
+def test_a_command_given_as_a_path_or_empty_is_refused_at_once(tmp_path):
+    """A path (``HERE / "train.py"``) passed as the command was accepted, and the first start, once
+    the agent had registered and won GPUs, failed the search with "'PosixPath' object is not
+    iterable" from inside the launcher; an empty list failed every start as the job's own failure."""
+    train = tmp_path / "train.py"
+    with pytest.raises(TypeError, match=r"list of arguments, not the path '.*train.py'.*\[sys.executable, '.*train.py'\]"):
+        Launcher("a", train, tmp_path)
+    with pytest.raises(ValueError, match="the training command is empty"):
+        Launcher("a", [], tmp_path)
+    launcher = Launcher("a", lambda spec: train, tmp_path)
+    with pytest.raises(TypeError, match="list of arguments, not the path"):
+        launcher.start(TrialSpec("t1", {"lr": 0.1}), ["r0-m0-g0"])
+    assert not launcher.live() and not launcher.starts
+    adapter = HyperbandAdapter({"lr": [0.1]}, max_resource=3, eta=3, iter_time=0.05)
+    with pytest.raises(TypeError, match="list of arguments, not the path"):
+        asyncio.run(AppRunner.create(adapter, train, app="a", arbiter="127.0.0.1:9", workdir=str(tmp_path / "w"),
+                                     credential="c"))
+    assert not (tmp_path / "w").exists()  # refused before a run of the search began
 
 
 APP = {"app": {"kind": "successive_halving", "iter_times": [1, 2], "iterations": [2, 4]},
@@ -207,3 +229,63 @@ def test_a_bad_argument_to_create_leaves_no_broker_connection_open(tmp_path):
     finally:
         broker.stop()
     assert left == []
+
+
+def test_a_trial_given_up_is_never_kept_for_the_next_rung(tmp_path):
+    """Successive halving keeps the best of each rung by loss. A trial the runner gave up on (it kept
+    crashing) was told an infinite loss, so when fewer trials than the next rung keeps had a finite
+    one it was kept, and the next rung waited for a job the runner would never start again: the
+    search held its GPUs and hung."""
+    flaky = tmp_path / "train.py"
+    flaky.write_text("from agent.job import Job\njob = Job.from_env()\n"
+                     "if job.params['crash']:\n    raise SystemExit(4)\n"
+                     "state = job.resume() or {'it': 0}\nit = state['it']\n"
+                     "while not job.step(it + 1, 1.0 / (it + 1)):\n    it += 1\njob.save({'it': it + 1})\n")
+    crashes = iter([True, True, True, False])  # t0-t2 crash at once; the first rung keeps 2 of the 4
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            adapter = SuccessiveHalvingAdapter(lambda rng: {"crash": next(crashes)}, n=4, eta=2, min_resource=1,
+                                               iter_time=0.05)
+            client = AgentClient(Agent(adapter), "rungs", target(server), await credential(server, "rungs"),
+                                 backoff_s=(0.05, 0.5))
+            launcher = Launcher("rungs", [PY, str(flaky)], tmp_path / "w", cluster="test-8", grace_s=2.0,
+                                env={"PYTHONPATH": str(ROOT)})
+            runner = AppRunner(adapter, client, launcher, max_failures=1, quiet=True)
+            await runner.run(timeout=40)
+            return runner, adapter
+
+    runner, adapter = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert runner.finished and runner.failed == {"t0", "t1", "t2"}
+    assert [adapter.status(t) for t in ("t0", "t1", "t2", "t3")] == ["stopped", "stopped", "stopped", "finished"]
+    assert adapter.best().job_id == "t3" and adapter.best().iteration == 4  # it ran every rung alone
+
+
+def test_a_curve_trial_given_up_counts_only_the_work_it_did(tmp_path):
+    """The runner told the curve-stopping tuner a trial it gave up on had reached the iteration cap
+    (with an infinite loss), so the tuner counted the cap's worth of work the trial never did in the
+    app's budget B, which rho and the bids are built from."""
+    flaky = tmp_path / "train.py"
+    flaky.write_text("from agent.job import Job\njob = Job.from_env()\n"
+                     "if job.params['crash']:\n    raise SystemExit(4)\n"
+                     "state = job.resume() or {'it': 0}\nit = state['it']\n"
+                     "while not job.step(it + 1, 1.0 / (it + 1)):\n    it += 1\njob.save({'it': it + 1})\n")
+    crashes = iter([True, False])
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            adapter = CurveStoppingAdapter(lambda rng: {"crash": next(crashes)}, max_trials=2, parallel=1,
+                                           max_iterations=4, tolerance=0.01, iter_time=100.0)
+            client = AgentClient(Agent(adapter), "curves", target(server), await credential(server, "curves"),
+                                 backoff_s=(0.05, 0.5))
+            launcher = Launcher("curves", [PY, str(flaky)], tmp_path / "w", cluster="test-8", grace_s=2.0,
+                                env={"PYTHONPATH": str(ROOT)})
+            runner = AppRunner(adapter, client, launcher, max_failures=1, quiet=True)
+            await runner.run(timeout=40)
+            return runner, adapter
+
+    runner, adapter = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert runner.finished and runner.failed == {"c0"} and adapter.status("c1") == ("finished", "cap")
+    assert adapter.status("c0")[0] == "stopped"
+    c1 = [r.serial_s for r in runner.reports if r.job_id == "c1"]
+    assert len(c1) == 4 and adapter.budget() == pytest.approx(4 * statistics.median(c1))  # c0 did nothing

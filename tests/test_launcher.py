@@ -203,6 +203,35 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     assert 0.5 <= took < 4.0
 
 
+def test_a_save_cut_short_by_the_grace_period_leaves_no_temporary_checkpoint(tmp_path):
+    """``job.save`` writes a temporary file and renames it, so a job killed mid-save keeps its old
+    checkpoint. The temporary file stayed behind, named by the dead process, one more (a whole
+    checkpoint's size) every time a big save outlived the grace period."""
+    saving = tmp_path / "saving"
+    slow_save = script(tmp_path, "slow_save.py", textwrap.dedent("""
+        import sys, time
+        from agent.job import Job
+
+        class Model:  # a big model: pickling it outlasts the grace period
+            def __reduce__(self):
+                open(sys.argv[1], "w").write("saving")
+                time.sleep(60)
+                return (Model, ())
+
+        job = Job.from_env()
+        job.step(1, 1.0)
+        job.save({"model": Model()})
+    """))
+    launcher = Launcher("app", [PY, str(slow_save), str(saving)], tmp_path / "work", grace_s=0.3)
+    launcher.start(spec("s"), ["r0-m0-g0"])
+    poll_until(launcher, lambda m, e: saving.exists())
+    assert [p.name for p in launcher.job_dir("s").glob(".checkpoint.pkl.*.tmp")]  # what the save was writing
+    launcher.stop("s")
+    _, exited = poll_until(launcher, lambda m, e: e)
+    assert exited[0].killed and exited[0].requested
+    assert sorted(p.name for p in launcher.job_dir("s").iterdir()) == ["output.log"]
+
+
 def test_a_job_at_its_target_is_given_time_to_leave_before_any_signal(tmp_path):
     # stop(signal_now=False): no SIGTERM while it saves; SIGTERM after grace, SIGKILL after another
     ready = tmp_path / "ready"
@@ -323,6 +352,33 @@ def test_a_resumed_job_times_its_first_iteration_from_its_checkpoint_not_from_a_
         clock.now += 2.0
         first.step(it, 1.0 / it)
     first.save({"it": 5})
+    again = Job(**kw, start_iteration=0)
+    assert again.resume() == {"it": 5}
+    clock.now += 2.0
+    again.step(6, 0.1)
+    times = [r["iter_time_s"] for r in _reports(read_fd)]
+    assert times == [2.0] * 6, times
+
+
+def test_a_save_before_any_step_keeps_the_iteration_its_checkpoint_was_at(tmp_path, monkeypatch):
+    """A run that saves before its first step (stopped as it resumed, or its own iteration cap
+    already reached) wrote a checkpoint without the iteration it holds, so the next run timed its
+    first iteration from the tuner's start iteration: 0 after a resume, 6 iterations in 2 s."""
+    clock = _Clock()
+    monkeypatch.setattr("agent.job.time.monotonic", clock)
+    read_fd, write_fd = os.pipe()
+    kw = dict(app="a", job_id="t0", gpus=("r0-m0-g0",), placement=(("r0", "r0-m0", "r0-m0-g0"),),
+              checkpoint=tmp_path / "ck.pkl", run="run-1", params={"lr": 0.1}, handle_sigterm=False,
+              metrics_fd=write_fd)
+    first = Job(**kw)
+    first.resume()
+    for it in range(1, 6):
+        clock.now += 2.0
+        first.step(it, 1.0 / it)
+    first.save({"it": 5})
+    stopped_at_once = Job(**kw)
+    assert stopped_at_once.resume() == {"it": 5}
+    stopped_at_once.save({"it": 5})  # no step in this run
     again = Job(**kw, start_iteration=0)
     assert again.resume() == {"it": 5}
     clock.now += 2.0

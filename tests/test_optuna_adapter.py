@@ -382,3 +382,31 @@ def test_resume_takes_up_only_the_resumed_runs_trials(tmp_path):
     again = OptunaAdapter(load(), n_trials=4, max_resource=8, parallel=1, search_space=SPACE)
     again.run_id = "run-b"
     assert again.resume() == ["trial-1"]
+
+
+def test_a_suggest_that_raises_leaves_no_trial_running(tmp_path):
+    """``suggest`` is the user's code. When it raised, the trial ``study.ask`` had just made stayed
+    RUNNING in the study with part of its parameters, and a resumed run took it up and trained it
+    with them. Like ``study.optimize`` with an objective that raises, the trial is told FAIL and the
+    error goes on to the caller."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    calls = []
+
+    def suggest(trial):
+        calls.append(trial.number)
+        trial.suggest_float("lr", 1e-4, 1.0, log=True)
+        if len(calls) == 2:
+            raise KeyError("momentum")  # a typo in the user's search space
+        trial.suggest_float("momentum", 0.0, 0.99)
+
+    adapter = OptunaAdapter(stored_study(storage, "raising"), n_trials=4, max_resource=8, parallel=2,
+                            suggest=suggest)
+    adapter.run_id = "run-a"
+    with pytest.raises(KeyError, match="momentum"):
+        adapter.runnable()
+    states = {t.number: t.state for t in stored_study(storage, "raising").get_trials(deepcopy=False)}
+    assert states == {0: TrialState.RUNNING, 1: TrialState.FAIL}
+    again = OptunaAdapter(stored_study(storage, "raising"), n_trials=4, max_resource=8, parallel=2,
+                          suggest=suggest)
+    again.run_id = "run-a"
+    assert again.resume() == ["trial-0"]  # the trial with all its parameters, not the half-suggested one

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from agent.client import AgentStopped
 from agent.job import Job
 from agent.launcher import Launcher
 from agent.runner import AppRunner
@@ -138,3 +140,68 @@ def test_resume_skips_a_later_run_that_never_started_a_job(tmp_path):
     SearchRun.begin(tmp_path)  # recorded as the latest run, but it never started a job
     resumed = SearchRun.begin(tmp_path, resume=True)
     assert resumed.run_id == interrupted.run_id and resumed.resumed
+
+
+def test_resume_skips_a_later_run_whose_agent_never_got_in(tmp_path):
+    """A new run whose agent the arbiter refused (or never answered) started no job, but its runner
+    still closed its record: ``record.jsonl`` and the plot in the run's folder. That folder counted as
+    a run that had started, so ``resume`` went on with it instead of the interrupted run: every trial
+    started over from scratch, the interrupted run's checkpoints left behind."""
+    script, workdir = counter(tmp_path), tmp_path / "work"
+    workdir.mkdir()
+
+    async def scenario():
+        async with arbiter(tmp_path, cluster=str(cluster_file(tmp_path))) as server:
+            first = await interrupted_run(server, script, workdir, resume=False, reports=3)
+            adapter = BracketTuner({"lr": [0.1]}, [[Rung(1, 10_000)]], iter_time=0.05)
+            refused = await AppRunner.create(adapter, [PY, str(script)], app="rerun", arbiter=target(server),
+                                             credential="not-a-credential", workdir=str(workdir), cluster="test-8",
+                                             quiet=True)
+            with pytest.raises(AgentStopped, match="refused"):
+                await refused.run(timeout=60)
+            third = await interrupted_run(server, script, workdir, resume=True, reports=2)
+            return first, refused, third
+
+    first, refused, third = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert not refused.launcher.starts and any(refused.launcher.run_dir.iterdir())  # its record, no job
+    assert third.search_run.run_id == first.search_run.run_id
+    one, three = first.launcher.history, third.launcher.history
+    assert three[0].resumed and three[0].first_iteration == one[-1].last_iteration + 1
+
+
+def test_what_jobs_report_on_their_way_out_reaches_the_tuner(tmp_path):
+    """A run that stops (Ctrl-C, a timeout) SIGTERMs its jobs; each finishes its iteration, reports it
+    and saves it in its checkpoint. The runner read those last reports while it waited for the jobs
+    and dropped them: the study's trial ended a step short of its checkpoint, so a resumed search had
+    a gap in its curve (and a trial that reached its last iteration then stayed RUNNING, its result lost)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from hyperparam_adapters.optuna_adapter import OptunaAdapter
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    script, workdir = counter(tmp_path), tmp_path / "work"
+
+    async def scenario():
+        async with arbiter(tmp_path, cluster=str(cluster_file(tmp_path))) as server:
+            study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                        pruner=optuna.pruners.MedianPruner(n_startup_trials=100))
+            adapter = OptunaAdapter(study, n_trials=1, max_resource=10_000, search_space={
+                "lr": FloatDistribution(1e-3, 1e-1, log=True)})
+            runner = await AppRunner.create(adapter, [PY, str(script)], app="outgoing", arbiter=target(server),
+                                            token=await AppRunner.token(target(server), "outgoing", ADMIN),
+                                            workdir=str(workdir), cluster="test-8", grace_s=5.0,
+                                            env={"PYTHONPATH": str(ROOT)}, quiet=True)
+            task = asyncio.create_task(runner.run(timeout=60))
+            await wait_for(lambda: len(runner.reports) >= 3, 30)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return runner, study
+
+    runner, study = asyncio.run(asyncio.wait_for(scenario(), 120))
+    run = runner.launcher.history[-1]
+    assert run.requested and run.clean  # stopped by the shutdown; checkpointed and left
+    checkpoint = pickle.loads(runner.launcher.checkpoint_path("trial-0").read_bytes())["state"]["iteration"]
+    assert checkpoint == run.last_iteration == max(r.iteration for r in runner.reports)
+    assert study.trials[0].last_step + 1 == checkpoint

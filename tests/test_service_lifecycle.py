@@ -25,6 +25,7 @@ from tests.service_kit import (
     RawStream,
     admin_stub,
     arbiter,
+    cluster_file,
     credential,
     free_port,
     halving_app,
@@ -867,6 +868,67 @@ def test_gpus_the_new_welcome_does_not_list_are_reported_lost_so_their_jobs_stop
             for c, t in ((a, task), (b, tb)):
                 c.stop()
                 await t
+            door.cut()
+
+    run(scenario())
+
+
+def test_a_gpu_released_and_won_back_is_still_held_after_a_reconnect(tmp_path):
+    """An agent re-sends, after a reconnect, the releases the Welcome shows the arbiter missed. It
+    took every GPU it had ever released for one: a GPU it released, won back in a later round and
+    was running a job on was released again by the reconnect and reported lost (its job stopped).
+    The cluster has two GPUs and the app wants both, so the one it releases is the one it wins back."""
+    two = 'name = "test-2"\n[[racks]]\nname = "r0"\nmachines = [{ gpus = 2, slots = 2, count = 1 }]\n'
+
+    async def scenario():
+        async with arbiter(tmp_path, cluster=str(cluster_file(tmp_path, two)), lease_s=600.0) as server:
+            door = Door(server.port)
+            await door.open()
+            a = AgentClient(Agent(halving_app(jobs=2)), "a", door.target, await credential(server, "a"),
+                            backoff_s=(0.05, 0.5))
+            lost: list[tuple[list[str], str]] = []
+            a.on_revoke = lambda gpus, reason: lost.append((sorted(gpus), reason))
+            grants: list[str] = []
+            a.on_grant = lambda got: grants.extend(got)
+            task = asyncio.create_task(a.run())
+            await wait_for(lambda: len(a.held) == 2, 20)
+            gpu = sorted(a.held)[0]
+            a.release([gpu])
+            await wait_for(lambda: gpu not in server.service.engine.held("a"), 20)
+            await wait_for(lambda: gpu in a.held and grants.count(gpu) == 2, 20)  # won back by a later round
+            door.cut()  # the network blinks
+            await wait_for(lambda: not a.welcomed.is_set() and "a" not in server.service.conns, 20)
+            await door.open()
+            await wait_for(lambda: a.connects >= 2 and a.welcomed.is_set(), 20)
+            assert gpu in a.held and not lost
+            assert sorted(a.held) == sorted(server.service.engine.held("a"))
+            a.stop()
+            await task
+            door.cut()
+
+    run(scenario())
+
+
+def test_done_said_as_the_stream_breaks_is_said_again_on_the_next_stream(tmp_path):
+    """An app that finishes as its stream breaks (the arbiter restarting, the network blinking) put
+    its Done on the dying stream, and the agent, finished, never connected again to say it: the
+    arbiter kept the app and its leases, GPUs nobody used, until they ran out one by one."""
+
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=600.0) as server:
+            door = Door(server.port)
+            await door.open()
+            a = AgentClient(Agent(halving_app(jobs=2)), "a", door.target, await credential(server, "a"),
+                            backoff_s=(0.05, 0.5))
+            task = asyncio.create_task(a.run())
+            await wait_for(lambda: len(a.held) == 2, 20)
+            door.cut()  # the stream breaks ...
+            a.done()  # ... as the app says Done on it
+            await wait_for(lambda: not a.welcomed.is_set() or task.done(), 20)
+            await door.open()
+            await wait_for(lambda: "a" not in server.service.engine.apps, 20)
+            await asyncio.wait_for(task, 20)  # and the agent ends, its Done acknowledged
+            assert a.goodbye is not None and a.goodbye.why == "finished"
             door.cut()
 
     run(scenario())
