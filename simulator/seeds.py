@@ -53,13 +53,19 @@ def interval(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [mean - half, mean + half], "half": half, "values": xs}
 
 
+#: Fields of a run summary that are the run's outcome but no metric: never a setting the seeds share,
+#: even when there is one seed (a one-seed result kept them, and ``themis-sim pool`` then took them
+#: for settings that differ between its parts and refused to pool).
+PER_RUN = ("apps", "seed", "granted_by", "restarts_by_cause", "restart_gaps")
+
+
 def aggregate(summaries: Sequence[Mapping[str, Any]], keys: Iterable[str] = METRICS) -> dict[str, Any]:
     """One run summary per seed -> per metric :func:`interval`, plus the seeds and the fields every
     seed shares (policy, cluster, workload, settings)."""
     out: dict[str, Any] = {"seeds": [s.get("seed") for s in summaries]}
     first = summaries[0]
     for key, value in first.items():
-        if key in ("apps", "seed", "granted_by") or key in keys:
+        if key in PER_RUN or key in keys:
             continue
         if all(s.get(key) == value for s in summaries):
             out[key] = value

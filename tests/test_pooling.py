@@ -26,6 +26,9 @@ def fake_summary(run: dict, seed: int) -> dict:
     base = zlib.crc32(f"{setting}|{seed}".encode()) / 2**32
     return {"policy": run["policy"], "workload": run["workload"], "cluster": cluster, "seed": seed,
             "fairness_knob": run.get("fairness_knob", 0.8), "lease_s": run.get("lease", 600.0), "apps": [],
+            # per-run outcomes that are no metric, as simulator.metrics writes them
+            "restart_gaps": {"first": seed + 1, "<=35s": int(base * 100)},
+            "restarts_by_cause": {"grew": int(base * 1000)}, "granted_by": {"auction": seed},
             **{m: 1.0 + base * (k + 1) for k, m in enumerate(METRICS)}}
 
 
@@ -43,6 +46,18 @@ def result_of(figure: str, tmp_path, first: int, count: int) -> dict:
     result = experiments.EXPERIMENTS[figure](setup)
     (out / f"{figure}.json").write_text(json.dumps(result))
     return json.loads((out / f"{figure}.json").read_text())
+
+
+@pytest.mark.parametrize("figure", ["fig12", "fig16"])
+def test_results_of_one_seed_each_pool_like_any_others(fake_runs, tmp_path, figure):
+    """A one-seed result kept each run's restart counts as if they were shared settings, so two of
+    them differed there and pooling refused them (found in review, session 16)."""
+    whole = result_of(figure, tmp_path, 0, 3)
+    parts = []
+    for seed in range(3):
+        result_of(figure, tmp_path, seed, 1)
+        parts.append(tmp_path / f"{figure}-{seed}-1" / f"{figure}.json")
+    assert pool_files(figure, parts, tmp_path / "pooled") == whole
 
 
 @pytest.mark.parametrize("figure", ["fig12", "fig13", "fig14", "fig16"])
