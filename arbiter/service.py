@@ -874,19 +874,29 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 gpus -= newer
                 if not gpus:
                     return
-        if not gpus or not gpus <= held:
-            others = sorted(g for g in gpus - held if self.engine.leases.holder(g))
-            code = DENIED if others else INVALID
-            what = _quote(sorted(gpus - held)) if gpus else "an empty set"
-            self._reject(app, code, f"{app!r} does not hold {what}", "release")
+        if not gpus:
+            self._reject(app, INVALID, f"{app!r} does not hold an empty set", "release")
             return
-        self.engine.release(app, gpus, self.clock())
-        with contextlib.suppress(Exception):
-            self.journal()
-        for gpu in sorted(gpus):
-            self._publish_gpu(gpu)
-        self._publish_app_leases(app)
-        self.kick()
+        # What it holds is released whatever else the message names: a Release that raced the
+        # expiry of one of its leases used to be refused whole, and the GPUs it still held sat idle
+        # until their own leases ran out. A GPU nobody holds (its lease just ran out) needs nothing;
+        # one of another app, or no GPU at all, is refused by name.
+        mine = gpus & held
+        if mine:
+            self.engine.release(app, mine, self.clock())
+            with contextlib.suppress(Exception):
+                self.journal()
+            for gpu in sorted(mine):
+                self._publish_gpu(gpu)
+            self._publish_app_leases(app)
+            self.kick()
+        cluster = self.engine.cluster.gpus
+        others = sorted(g for g in gpus - mine if g in cluster and self.engine.leases.holder(g))
+        unknown = sorted(g for g in gpus - mine if g not in cluster)
+        if others or unknown:
+            done = f" (released {_quote(sorted(mine))})" if mine else ""
+            self._reject(app, DENIED if others else INVALID,
+                         f"{app!r} does not hold {_quote(others + unknown)}{done}", "release")
 
     def _on_demand(self, app: str, msg: pb.DemandUpdate) -> None:
         if msg.app and msg.app != app:

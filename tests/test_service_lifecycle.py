@@ -960,3 +960,47 @@ def test_a_second_arbiter_on_the_same_journal_or_port_is_refused_by_name(tmp_pat
             assert later.port
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_release_that_races_a_lease_expiry_still_frees_the_gpus_the_app_holds(tmp_path):
+    """A Release naming a GPU whose lease has just run out (nobody holds it now) used to be refused
+    whole, and the GPUs it also named and still held sat idle until their own leases ran out (seen
+    as "does not hold" in the Optuna example). Now what the app holds is released; a GPU nobody
+    holds needs nothing; one of another app, or no GPU at all, is refused by name."""
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=60.0, fairness_knob=0.0) as server:
+            engine = server.service.engine
+            a = RawStream(server, "a", await credential(server, "a"))
+            b = RawStream(server, "b", await credential(server, "b"))
+            a.send(hello=pb.Hello(app="a", demand=2))
+            b.send(hello=pb.Hello(app="b", demand=1))
+            for raw, want in ((a, 2), (b, 1)):
+                rid = (await raw.next("rho_request")).round_id
+                raw.send(report=pb.RhoReport(round_id=rid, app=raw.app, rho=math.inf, demand=want, rho_wait=1.0))
+            free = sorted(engine.cluster.gpu_ids)
+            a_rows, b_row = free[:2], free[4:5]  # the two machines' first GPUs: no overlap
+            for raw, rows in ((a, [a_rows]), (b, [b_row])):
+                offer = await raw.next("offer")
+                raw.send(bid=pb.Bid(round_id=offer.round_id, app=raw.app, rho_old=math.inf,
+                                    rows=[pb.BidRow(gpus=r, rho=1.0) for r in rows]))
+            grant_a, grant_b = await a.next("grant"), await b.next("grant")
+            held_a = sorted(p.gpu for p in grant_a.gpus)
+            g_b = grant_b.gpus[0].gpu
+            nobody = next(g for g in free if engine.leases.holder(g) is None)
+            a.send(demand=pb.DemandUpdate(app="a", demand=0))  # no round gives them back to it
+
+            a.send(release=pb.Release(app="a", gpus=[held_a[0], nobody], known_round=grant_a.round_id))
+            a.send(release=pb.Release(app="a", gpus=["nope"]))
+            first = await a.next("rejection")
+            assert first.reason == "'a' does not hold ['nope']"  # the Release before it was not refused
+            assert engine.leases.holder(held_a[0]) is None
+
+            a.send(release=pb.Release(app="a", gpus=[held_a[1], g_b], known_round=grant_a.round_id))
+            second = await a.next("rejection", after=1)
+            assert second.code == grpc.StatusCode.PERMISSION_DENIED.value[0] and g_b in second.reason
+            assert "released" in second.reason and held_a[1] in second.reason
+            assert engine.leases.holder(held_a[1]) is None and engine.leases.holder(g_b) == "b"
+            for raw in (a, b):
+                await raw.close()
+
+    run(scenario())
