@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from agent.appsched import AppScheduler
 from agent.bidding import DEFAULT_ALTERNATIVES, make_bid
-from agent.fairness import TimeLeftCache, finish_time_fairness, waiting_rho
-from agent.placement import NO_SLOWDOWN, Position
-from protos.messages import BidTable, Offer, RhoReport, RhoRequest
+from agent.fairness import TimeLeftCache, finish_time_fairness, waiting_rho, work_of_shape
+from agent.placement import NO_SLOWDOWN, Position, canonical_shape
+from protos.messages import BidTable, Offer, RhoReport, RhoRequest, WorkClaim
 
 
 def packed(n: int) -> list[Position]:
@@ -62,7 +62,19 @@ class Agent:
             slowdown=self.app.placement_slowdown() if "slowdown" in extras else NO_SLOWDOWN,
             loss_decrease=self.app.loss_decrease_rate() if "loss_decrease" in extras else 0.0,
             rho_wait=wait,
+            work=self.work_claim(held, request, demand) if "work" in extras else None,
         )
+
+    def work_claim(self, held: Sequence[Position], request: RhoRequest, demand: int) -> WorkClaim:
+        """Its rho taken apart without its slowdowns (D21): per phase on what it holds, or, when it
+        holds nothing and wants GPUs, on the fair share its waiting rho assumes (D13)."""
+        app = self.app
+        mine = work_of_shape(app, canonical_shape(held)) if held else ()
+        share = ()
+        if not held and demand > 0:
+            fair = max(1, min(demand, math.floor(request.cluster_size / request.n_avg)))
+            share = work_of_shape(app, canonical_shape(packed(fair)))
+        return WorkClaim(app.budget(), app.demand_max(), mine, share)
 
     def bid(self, offer: Offer) -> BidTable:
         return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self._left(), salt=self.name,

@@ -18,6 +18,7 @@ from agent.appsched import (
     SuccessiveHalvingScheduler,
 )
 from agent.placement import Position, Shape, canonical_shape, slowdown_of
+from protos.messages import WORK_COLUMNS, PhaseWork
 
 INFINITY = math.inf
 _EXACT_PACKING_JOBS = 10
@@ -139,6 +140,43 @@ def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bo
             worst = max(worst, t)
         return worst
     return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
+
+
+def phase_work(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bool = False) -> PhaseWork:
+    """:func:`phase_time` taken apart by what slows each job down (D21, ``WorkClaim``): per column of
+    ``WORK_COLUMNS``, the time at slowdown 1 of the slowest job whose run is on one GPU or spans a
+    slot, machine, rack or racks. ``phase_time`` is then max(one_gpu, slot * S[0], ..., cluster *
+    S[3]) for the jobs' slowdown S: the split (D3) and the runs' levels do not depend on S. Jobs
+    queued one per GPU (fewer GPUs than jobs) run on one GPU each."""
+    live = [j for j in jobs if j.iters_remaining > 0]
+    work = [0.0] * len(WORK_COLUMNS)
+    if not live:
+        return (work[0], work[1], work[2], work[3], work[4])
+    if not gpus:
+        raise ValueError("no work to claim on no GPUs: the app's rho is infinite")
+    if len(gpus) >= len(live):
+        order = list(gpus) if ordered else densest_first(gpus)
+        counts = split_counts(live, len(order))
+        start = 0
+        for k in sorted(range(len(live)), key=lambda k: -counts[k]):
+            job, n = live[k], counts[k]
+            column = _run_level(order[start], order[start + n - 1]) + 1 if n > 1 else 0
+            start += n
+            work[column] = max(work[column], job.iters_remaining * job.iter_time_serial / min(n, job.demand_max))
+    else:
+        work[0] = _pack_makespan([j.iters_remaining * j.iter_time_serial for j in live], len(gpus))
+    return (work[0], work[1], work[2], work[3], work[4])
+
+
+def work_of_shape(app: AppScheduler, shape: Shape) -> tuple[PhaseWork, ...]:
+    """:func:`time_left_of_shape` taken apart per phase with :func:`phase_work` (D21)."""
+    order = shape_order(shape)
+    if isinstance(app, SuccessiveHalvingScheduler):
+        return tuple(phase_work(app.jobs_in_phase(phase, order), order, ordered=True)
+                     for phase in range(app.current_phase(), app.num_phases() + 1))
+    if isinstance(app, CurveStoppingScheduler):
+        return (phase_work(app.jobs_remaining(order), order, ordered=True),)
+    raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
 
 
 def _run_level(first: Position, last: Position) -> int:

@@ -182,6 +182,16 @@ def use_profiles(*paths: str | Path) -> dict[str, ModelProfile]:
     return table
 
 
+def profiles_with(*paths: str | Path) -> dict[str, ModelProfile]:
+    """:func:`load_profiles` plus the models of ``paths``, checked as :func:`use_profiles` checks
+    them, without changing the environment (the arbiter's table, D21)."""
+    table = load_profiles()
+    for path in paths:
+        resolved = str(Path(path).expanduser().resolve())
+        _merge(table, resolved, resolved)
+    return table
+
+
 def override_notes(table: Mapping[str, ModelProfile]) -> list[str]:
     """One line per model whose row replaces an earlier table's, for run summaries and logs."""
     return [f"model {p.name!r}: slowdowns from {p.table} replace those of {p.overrides}"

@@ -82,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
+        rank=args.rank, profiles=tuple(Path(p) for p in args.profiles),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("themis-arbiter: --tls-cert and --tls-key go together")
@@ -107,7 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_issue_token(args: argparse.Namespace) -> int:
     from protos.rpc import issue_token
 
-    print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args))))
+    print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args), model=args.model or "")))
     return 0
 
 
@@ -172,7 +173,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "drained": list(cluster.drained_machines), "round_id": cluster.round_id,
             "settings": MessageToDict(cluster.settings),
             # rho: on what the app holds after the last round it took part in (issue 11, item 2)
-            "apps": [{"app": a.app, "connected": a.connected, "demand": a.demand,
+            "apps": [{"app": a.app, "connected": a.connected, "demand": a.demand, "model": a.model or None,
                       "rho": a.last_rho if math.isfinite(a.last_rho) else None,
                       "gpus": len(a.leases), "held": sorted(x.gpu for x in a.leases)} for a in apps.apps],
             "rounds": [MessageToDict(r) for r in rounds.rounds],
@@ -272,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bid-timeout", type=float, help="seconds agents have to bid (default 2)")
     s.add_argument("--max-contenders", type=int,
                    help="bidders the auction takes per round, worst first; 0 = no cap (default 16, D20)")
+    s.add_argument("--rank", choices=("reported", "measured"),
+                   help="what ranks the apps (D21): for apps an admin bound to a model (issue-token --model), "
+                        "their claimed work at that model's slowdowns (measured, the default), or the rho "
+                        "every app reports (reported)")
+    s.add_argument("--profiles", action="append", default=[], metavar="FILE",
+                   help="a slowdown table (agent/profiles/slowdowns.toml's form) adding models to bind apps to; "
+                        "repeatable")
     s.add_argument("--admin-token", help="admin token (default: THEMIS_ADMIN_TOKEN or <db>.admin-token)")
     s.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port")
     s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS")
@@ -280,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(func=cmd_serve)
     t = sub.add_parser("issue-token", help="issue a registration token for an app (admin)")
     t.add_argument("app")
+    t.add_argument("--model", help="the app's model in the arbiter's profile table: its placement slowdowns, "
+                                   "which a measured rank applies to the work it claims (D21)")
     dr = sub.add_parser("drain", help="give a machine no new grants; its leases run out (admin)")
     dr.add_argument("machine")
     dr.add_argument("--resume", action="store_true", help="put a drained machine back in service")

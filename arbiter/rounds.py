@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -29,11 +29,13 @@ from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, validate_bid
 from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
 from arbiter.policies.base import Decision, Policy, RoundContext
+from arbiter.rank import RANKS, BadWorkClaim, check_claim, measured_rho
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
 DEFAULT_LEASE_S = 600.0
 DEFAULT_COALESCE_S = 1.0
 EXPIRY_WINDOW_SHARE = 0.1  # of the lease: how long an expiry waits for others to join its round
+WORK = frozenset({"work"})  # the report field a measured rank needs (D21)
 REASON_MAX = 300  # characters of a refusal's reason kept in a round's result (journal, events, history)
 
 
@@ -129,7 +131,10 @@ class RoundEngine:
         coalesce_s: float = DEFAULT_COALESCE_S,
         expiry_window_s: float | None = None,
         seed: int = 0,
+        rank: str = "reported",
     ):
+        if rank not in RANKS:
+            raise ValueError(f"unknown rank {rank!r}; choose one of {', '.join(RANKS)} (D21)")
         if not lease_s > 0:
             raise ValueError(f"lease length must be > 0 seconds, got {lease_s}")
         if not coalesce_s >= 0:
@@ -154,6 +159,10 @@ class RoundEngine:
         self.drained: set[str] = set()  # machines that get no new grants (their leases run out)
         self.added_machines: list[tuple[str, str, int, int]] = []
         self.silent: frozenset[str] = frozenset()  # offered in the last round and sent no valid bid (D22)
+        #: D21: "measured" ranks an app whose placement slowdowns are in ``slowdowns`` by its claimed
+        #: work at those slowdowns (``arbiter.rank``); "reported" by the rho it reports.
+        self.rank = rank
+        self.slowdowns: dict[str, tuple[float, float, float, float]] = {}
 
     # -- durable state and a changing cluster ------------------------------------------------
 
@@ -243,14 +252,28 @@ class RoundEngine:
                 state.attained += len(self.leases.held_by(app)) * dt
         self._clock = now
 
-    def add_app(self, app: str, now: float) -> None:
-        """An app arrives (a resource-available event if GPUs are free, D10)."""
+    def add_app(self, app: str, now: float, slowdown: tuple[float, float, float, float] | None = None) -> None:
+        """An app arrives (a resource-available event if GPUs are free, D10). ``slowdown``: its
+        placement slowdowns by D1 level, when the arbiter knows them (its model's, D21)."""
         if app in self.apps:
             raise ValueError(f"app {app!r} is already registered")
+        if slowdown is not None:
+            self.set_slowdown(app, slowdown)
         self._advance(now)
         self.apps[app] = _AppState(now, self._contention)
         if self.free_gpus():
             self._note(now)
+
+    def set_slowdown(self, app: str, slowdown: tuple[float, float, float, float] | None) -> None:
+        """The placement slowdowns the arbiter knows for ``app`` (D1 levels 0-3), or None to forget
+        them: with ``rank="measured"`` its rank is its claimed work at these (D21)."""
+        if slowdown is None:
+            self.slowdowns.pop(app, None)
+            return
+        values = tuple(slowdown)
+        if len(values) != 4 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 1 for v in values):
+            raise ValueError(f"{app!r}: a slowdown is 4 finite numbers >= 1 (D1 levels 0-3), got {slowdown!r}")
+        self.slowdowns[app] = (float(values[0]), float(values[1]), float(values[2]), float(values[3]))
 
     def remove_app(self, app: str, now: float) -> frozenset[str]:
         """An app finishes or fails: its GPUs return to the pool (D10)."""
@@ -261,6 +284,7 @@ class RoundEngine:
                                "remove it once the round has closed")
         self._advance(now)
         del self.apps[app]
+        self.slowdowns.pop(app, None)
         freed = self.leases.release(app)
         if freed:
             self._note(now)
@@ -424,6 +448,10 @@ class OpenRound:
         # UpdateSettings) applies from the next round, never between the offer and the allocation.
         self.policy = engine.policy
         extras = self.policy.report_extras
+        # D21: the apps this round ranks by their claimed work, and at which slowdowns; fixed as the
+        # round opens, like its policy
+        self.by_work = {a: s for a, s in engine.slowdowns.items() if a in engine.apps} \
+            if engine.rank == "measured" else {}
         self.requests = [
             RhoRequest(
                 round_id,
@@ -432,7 +460,7 @@ class OpenRound:
                 engine.n_avg(app, now),
                 cluster.size,
                 {g: cluster.position(g) for g in sorted(self.held_at_open(app))},
-                extras,
+                extras | WORK if app in self.by_work else extras,
             )
             for app in sorted(engine.apps)
             if engine.wants_more(app)
@@ -454,7 +482,12 @@ class OpenRound:
             raise UnknownApp(app)
         if self._offers is not None:
             raise InvalidReport(f"round {self.round_id}: reports are closed, offers went out")
-        rho, demand = report.rho, report.demand
+        demand = report.demand
+        if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
+            raise InvalidReport(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
+        if app in self.by_work:
+            report = self._rank_by_work(app, report)
+        rho = report.rho
         if not isinstance(rho, (int, float)) or math.isnan(rho) or not rho > 0:
             raise InvalidReport(f"{app!r}: rho must be > 0 (or infinity), got {rho!r}")
         if math.isfinite(rho) and not RHO_MIN <= rho <= RHO_MAX:
@@ -463,14 +496,29 @@ class OpenRound:
         if math.isinf(rho) and held:
             raise InvalidReport(f"{app!r}: rho must be finite for an app that holds {held} GPU(s) (D13); "
                                 "infinity means holding nothing")
-        if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
-            raise InvalidReport(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
         wait = report.rho_wait
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= RHO_MAX:
             raise InvalidReport(f"{app!r}: rho_wait must be a number within [0, {RHO_MAX:g}] (D13: finite), "
                                 f"got {wait!r}")
         self._reports[app] = report
         self.engine.apps[app].demand = demand
+
+    def _rank_by_work(self, app: str, report: RhoReport) -> RhoReport:
+        """The report with the rho and waiting rho the arbiter computes from the app's claimed work
+        at the slowdowns it knows (D21, ``arbiter.rank``); the agent's own figures are not used."""
+        if report.work is None:
+            raise InvalidReport(f"{app!r}: the arbiter ranks by measured slowdowns (D21); the report must "
+                                "carry the app's work (an agent too old to send it?)")
+        engine = self.engine
+        held = self.held_at_open(app)
+        try:
+            claim = check_claim(report.work, len(held), engine.cluster.locality(held) if held else 0)
+        except BadWorkClaim as exc:
+            raise InvalidReport(f"{app!r}: work claim: {exc}") from None
+        rho, wait = measured_rho(claim, self.by_work[app], held=len(held), demand=report.demand,
+                                 elapsed=self.now - engine.apps[app].arrived, n_avg=engine.n_avg(app, self.now),
+                                 cluster_size=engine.cluster.size)
+        return replace(report, rho=rho, rho_wait=wait, work=claim)
 
     def note_failure(self, app: str, reason: str) -> None:
         self.rejected[app] = cut_reason(reason)

@@ -66,6 +66,19 @@ class ServerConfig:
     bid_timeout_s: float | None = None
     heartbeat_s: float | None = None
     max_contenders: int | None = None
+    rank: str | None = None
+    # slowdown tables added to the shipped one (agent/profiles/slowdowns.toml's form): the models
+    # IssueToken may bind an app to (D21)
+    profiles: tuple[Path, ...] = ()
+
+
+def model_slowdowns(extra: tuple[Path, ...] = ()) -> dict[str, tuple[float, float, float, float]]:
+    """Model -> placement slowdowns: the shipped profile table, the tables in THEMIS_PROFILES and
+    ``extra`` (later files replace a model only where they say ``override = true``). An admin binds
+    an app to one of these models when issuing its token (D21)."""
+    from agent.placement import profiles_with
+
+    return {name: profile.slowdown for name, profile in profiles_with(*extra).items()}
 
 
 def admin_token_for(config: ServerConfig) -> str:
@@ -119,7 +132,8 @@ class ArbiterServer:
             setattr(settings, f.name, value)
         settings.check()
         engine = RoundEngine(cluster, settings.policy_object(), lease_s=settings.lease_s,
-                             coalesce_s=settings.coalesce_s, expiry_window_s=settings.expiry_window_s)
+                             coalesce_s=settings.coalesce_s, expiry_window_s=settings.expiry_window_s,
+                             rank=settings.rank)
         if loaded is not None:
             engine.restore(loaded[0])
             log.info("journal restored", extra={"fields": {
@@ -129,7 +143,7 @@ class ArbiterServer:
         metrics = ServiceMetrics()
         metrics.bind_bus(lambda: bus.connected, lambda: getattr(bus, "pending", 0), lambda: bus.dropped)
         service = ArbiterService(engine, store, bus, settings=settings, admin_token=admin_token_for(config),
-                                 metrics=metrics)
+                                 metrics=metrics, profiles=model_slowdowns(config.profiles))
         self.service = service
         service.journal()
         await bus.start()

@@ -33,7 +33,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -52,6 +52,7 @@ from arbiter.events import (
     rounds_topic,
 )
 from arbiter.policies import POLICIES, make_policy
+from arbiter.rank import RANKS
 from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult, cut_reason
 from arbiter.service_metrics import ServiceMetrics
 from arbiter.store import Store
@@ -100,6 +101,9 @@ class Settings:
     # D20: bidders the auction takes per round, worst first (0 = no cap). The exact auction's work
     # grows steeply with them: 16 keep a 256-GPU mass expiry near 1 s, 98 took 438 s (D20).
     max_contenders: int = 16
+    # D21: "measured" ranks an app bound to a model (IssueToken) by its claimed work at that model's
+    # slowdowns (apps bound to none by their report); "reported" ranks every app by its report.
+    rank: str = "measured"
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -116,6 +120,8 @@ class Settings:
                 or not 0 <= self.max_contenders <= MAX_CONTENDERS:
             raise ValueError(f"max_contenders must be an integer from 0 (no cap) to {MAX_CONTENDERS}, "
                              f"got {self.max_contenders!r}")
+        if self.rank not in RANKS:
+            raise ValueError(f"rank must be one of {', '.join(RANKS)} (D21), got {self.rank!r}")
 
     def policy_object(self):
         options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None}
@@ -268,6 +274,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         admin_token: str,
         metrics: ServiceMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        profiles: Mapping[str, tuple[float, float, float, float]] | None = None,
     ):
         self.engine = engine
         self.store = store
@@ -295,6 +302,17 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.outbox_limit = OUTBOX_LIMIT
         self.problems: dict[str, str] = {}  # what makes health NOT_SERVING ("journal", "loop"), and why
         self.rounds_run = 0
+        #: model -> placement slowdowns by D1 level (the profile table): what IssueToken may bind an
+        #: app to, and what a measured rank applies to its claimed work (D21)
+        self.profiles = dict(profiles or {})
+        self.models = store.models()
+        for app in engine.apps:
+            engine.set_slowdown(app, self._slowdown_of(app))
+
+    def _slowdown_of(self, app: str) -> tuple[float, float, float, float] | None:
+        """The slowdowns of the model bound to ``app``; None when none is, or the profile table no
+        longer has it (the app is then ranked by its report)."""
+        return self.profiles.get(self.models.get(app, ""))
 
     def clock(self) -> float:
         """The wall clock, never behind the engine's: after an NTP step back, or on a journal
@@ -696,7 +714,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         if app not in self.engine.apps:
             if len(self.engine.apps) >= MAX_APPS:
                 await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"the arbiter runs at most {MAX_APPS} apps")
-            self.engine.add_app(app, now)
+            self.engine.add_app(app, now, slowdown=self._slowdown_of(app))
         self.engine.set_demand(app, first.hello.demand, now)
         self.engine.note_ready(app, now)
         with contextlib.suppress(Exception):  # a failing journal must not refuse agents; health shows it
@@ -978,8 +996,18 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"{request.app!r} has {MAX_OPEN_TOKENS} unused registration tokens (the limit); "
                                 "use one or RevokeCredential")
+        if request.model and request.model not in self.profiles:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unknown model {_quote([request.model])[2:-2]!r}; the profile table has "
+                                f"{', '.join(sorted(self.profiles)) or 'none'} (serve --profiles FILE adds models)")
         token = new_secret("reg")
         self.store.add_token(token, request.app, "registration")
+        if request.model:
+            self.store.bind_model(request.app, request.model)
+            self.models[request.app] = request.model
+            if request.app in self.engine.apps:  # from the next round on (an open one keeps its own, D21)
+                self.engine.set_slowdown(request.app, self._slowdown_of(request.app))
+            log.info("model bound", extra={"fields": {"app": request.app, "model": request.model}})
         return pb.IssueTokenReply(app=request.app, token=token)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
@@ -1033,6 +1061,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             last_rho=self.last_rho.get(app, math.inf),
             n_avg=self.engine.n_avg(app, now) if state else 0.0,
             leases=[wire.lease_pb(x) for x in self._leases_of(app)],
+            model=self.models.get(app, ""),
         )
 
     def _app_metrics(self) -> dict[str, tuple[float, int]]:
@@ -1048,7 +1077,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         return pb.Settings(policy=s.policy, fairness_knob=s.fairness_knob, lease_s=s.lease_s,
                            coalesce_s=s.coalesce_s, expiry_window_s=self.engine.expiry_window_s,
                            report_timeout_s=s.report_timeout_s, bid_timeout_s=s.bid_timeout_s,
-                           max_contenders=s.max_contenders)
+                           max_contenders=s.max_contenders, rank=s.rank)
 
     def _cluster_state(self) -> pb.ClusterState:
         cluster = self.engine.cluster
@@ -1102,6 +1131,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             new.lease_s = request.lease_s
         if request.HasField("max_contenders"):
             new.max_contenders = request.max_contenders
+        if request.HasField("rank"):
+            new.rank = request.rank[:NAME_MAX]
         try:
             new.check()
         except ValueError as exc:
@@ -1117,6 +1148,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         """Takes effect from the next round; leases already granted keep their expiry."""
         self.settings = new
         self.engine.policy = new.policy_object()
+        self.engine.rank = new.rank
         self.engine.lease_s = new.lease_s
         window = new.expiry_window_s if new.expiry_window_s is not None else new.lease_s * EXPIRY_WINDOW_SHARE
         self.engine.expiry_window_s = max(new.coalesce_s, window)
@@ -1187,6 +1219,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         if not self._known(request.app):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
         self.store.revoke(request.app)
+        self.store.unbind_model(request.app)
+        self.models.pop(request.app, None)
         end = StreamEnd("removed", f"{request.app!r} was removed by an admin: its leases ended")
         if request.app in self.engine.apps:
             self._remove(request.app, end)

@@ -8,7 +8,8 @@ the state as of the last committed change. ``leases.gpu`` is the primary key, so
 ever record one GPU leased twice. WAL with ``synchronous=NORMAL`` survives a crash of the process;
 a power cut may lose the last changes but never corrupts the file.
 
-Tokens are stored only as SHA-256 hashes.
+Tokens are stored only as SHA-256 hashes. The model an admin names for an app when issuing its
+token is kept too (``models``): its placement slowdowns, which a measured rank applies (D21).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ CREATE TABLE IF NOT EXISTS tokens (
     hash TEXT PRIMARY KEY, app TEXT NOT NULL, kind TEXT NOT NULL, created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rounds (round_id INTEGER PRIMARY KEY, now REAL NOT NULL, summary TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS models (app TEXT PRIMARY KEY, model TEXT NOT NULL);
 """
 SCHEMA_VERSION = "1"
 ROUNDS_KEPT = 10_000
@@ -237,6 +239,19 @@ class Store:
     def token_apps(self) -> set[str]:
         """Apps with a credential or an unused registration token."""
         return {app for (app,) in self.db.execute("SELECT DISTINCT app FROM tokens")}
+
+    # -- models (D21) -----------------------------------------------------------------------
+
+    def bind_model(self, app: str, model: str) -> None:
+        """The app's model, as an admin named it when issuing its token: its placement slowdowns."""
+        self.db.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (app, model))
+
+    def unbind_model(self, app: str) -> None:
+        self.db.execute("DELETE FROM models WHERE app = ?", (app,))
+
+    def models(self) -> dict[str, str]:
+        """App -> model for every app an admin bound to one."""
+        return dict(self.db.execute("SELECT app, model FROM models"))
 
     def open_tokens(self, app: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM tokens WHERE app = ? AND kind = 'registration'",

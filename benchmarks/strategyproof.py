@@ -149,12 +149,14 @@ def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, fl
               rank: str = "reported"):
     """One round of the case; returns (engine, result, true apps)."""
     cluster = load_cluster(CLUSTER)
-    engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed)
+    engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed,
+                         rank=rank)
     apps = {p.name: p.build() for p in case.apps}
     engine.add_app("busy", 0.0)
     engine.set_demand("busy", 0, 0.0)
+    profiles = load_profiles()
     for p in case.apps:
-        engine.add_app(p.name, 0.0)
+        engine.add_app(p.name, 0.0, slowdown=profiles[p.model].slowdown)
     held = {g for p in case.apps for g in p.held}
     engine.leases.grant("busy", [g for g in cluster.gpu_ids if g not in case.free and g not in held],
                         now=0.0, expires_at=NOW * 10, round_id=0)
@@ -164,7 +166,7 @@ def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, fl
     agents: dict[str, Agent] = {}
     for name, app in apps.items():
         if name == liar and lie is not None:
-            agents[name] = StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name, rank=rank)
+            agents[name] = StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name)
         else:
             agents[name] = Agent(app, name=name)
     result = engine.run_round(NOW, {**agents, "busy": _Idle()})

@@ -74,3 +74,30 @@ class RhoReport:
     slowdown: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
     loss_decrease: float = 0.0
     rho_wait: float = 0.0
+    work: WorkClaim | None = None  # when the request asks for "work" (D21): rho's parts without slowdowns
+
+
+#: The columns of one phase's work in a :class:`WorkClaim` (D21): the time, at slowdown 1, of the
+#: phase's slowest job among those on one GPU (no slowdown applies) and among those whose GPUs span
+#: one slot, one machine, one rack, or several racks (the D1 levels 0-3).
+WORK_COLUMNS = ("one_gpu", "slot", "machine", "rack", "cluster")
+PhaseWork = tuple[float, float, float, float, float]
+
+
+@dataclass(frozen=True)
+class WorkClaim:
+    """What an app's rho is made of, with its placement slowdowns left out, so that the arbiter can
+    apply slowdowns it knows instead of the app's word (D21). For a fixed allocation D3's split and
+    each job's locality level do not depend on the slowdowns, so the time left is the sum over
+    phases of max(one_gpu, slot * S[0], machine * S[1], rack * S[2], cluster * S[3]).
+
+    ``held``: per phase (the current one first), on what the app held as the round opened; empty
+    when it held nothing. ``share``: per phase, on its fair share of the cluster (D13's waiting rho:
+    max(1, min(demand, floor(R_C / N_avg))) GPUs on one machine, time-sliced below one GPU); empty
+    when it holds GPUs. ``work_gpu_s`` and ``demand_max`` give T_id (Eq. 1: B / min(R_C, demand_max)
+    x N_avg). Every figure here is the app's claim: work left is what no arbiter can measure."""
+
+    work_gpu_s: float
+    demand_max: int
+    held: tuple[PhaseWork, ...] = ()
+    share: tuple[PhaseWork, ...] = ()

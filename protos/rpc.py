@@ -35,9 +35,11 @@ async def register(target: str, app: str, token: str, *, tls_ca: bytes | None = 
     return reply.credential
 
 
-async def issue_token(target: str, app: str, admin_token: str, *, tls_ca: bytes | None = None) -> str:
-    """An admin's registration token for ``app``, good for one Register call."""
+async def issue_token(target: str, app: str, admin_token: str, *, tls_ca: bytes | None = None,
+                      model: str = "") -> str:
+    """An admin's registration token for ``app``, good for one Register call; ``model`` binds the
+    app to a model of the arbiter's profile table (D21; empty: as before)."""
     async with channel(target, tls_ca) as ch:
-        reply = await pb_grpc.ArbiterStub(ch).IssueToken(pb.IssueTokenRequest(app=app), metadata=bearer(admin_token),
-                                                         timeout=10)
+        reply = await pb_grpc.ArbiterStub(ch).IssueToken(pb.IssueTokenRequest(app=app, model=model),
+                                                         metadata=bearer(admin_token), timeout=10)
     return reply.token

@@ -33,7 +33,7 @@ class Lease(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., app: _Optional[str] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders", "rank")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class Settings(_message.Message):
     REPORT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     BID_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
@@ -50,7 +51,8 @@ class Settings(_message.Message):
     report_timeout_s: float
     bid_timeout_s: float
     max_contenders: int
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ...) -> None: ...
+    rank: str
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "bid", "release", "demand", "heartbeat", "done")
@@ -135,7 +137,7 @@ class RhoRequest(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., extras: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class RhoReport(_message.Message):
-    __slots__ = ("round_id", "app", "rho", "demand", "remaining_s", "slowdown", "loss_decrease", "rho_wait")
+    __slots__ = ("round_id", "app", "rho", "demand", "remaining_s", "slowdown", "loss_decrease", "rho_wait", "work")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     APP_FIELD_NUMBER: _ClassVar[int]
     RHO_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +146,7 @@ class RhoReport(_message.Message):
     SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     LOSS_DECREASE_FIELD_NUMBER: _ClassVar[int]
     RHO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     app: str
     rho: float
@@ -152,7 +155,26 @@ class RhoReport(_message.Message):
     slowdown: _containers.RepeatedScalarFieldContainer[float]
     loss_decrease: float
     rho_wait: float
-    def __init__(self, round_id: _Optional[int] = ..., app: _Optional[str] = ..., rho: _Optional[float] = ..., demand: _Optional[int] = ..., remaining_s: _Optional[float] = ..., slowdown: _Optional[_Iterable[float]] = ..., loss_decrease: _Optional[float] = ..., rho_wait: _Optional[float] = ...) -> None: ...
+    work: WorkClaim
+    def __init__(self, round_id: _Optional[int] = ..., app: _Optional[str] = ..., rho: _Optional[float] = ..., demand: _Optional[int] = ..., remaining_s: _Optional[float] = ..., slowdown: _Optional[_Iterable[float]] = ..., loss_decrease: _Optional[float] = ..., rho_wait: _Optional[float] = ..., work: _Optional[_Union[WorkClaim, _Mapping]] = ...) -> None: ...
+
+class WorkClaim(_message.Message):
+    __slots__ = ("work_gpu_s", "demand_max", "held", "share")
+    WORK_GPU_S_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_MAX_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    work_gpu_s: float
+    demand_max: int
+    held: _containers.RepeatedCompositeFieldContainer[PhaseWork]
+    share: _containers.RepeatedCompositeFieldContainer[PhaseWork]
+    def __init__(self, work_gpu_s: _Optional[float] = ..., demand_max: _Optional[int] = ..., held: _Optional[_Iterable[_Union[PhaseWork, _Mapping]]] = ..., share: _Optional[_Iterable[_Union[PhaseWork, _Mapping]]] = ...) -> None: ...
+
+class PhaseWork(_message.Message):
+    __slots__ = ("seconds",)
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Offer(_message.Message):
     __slots__ = ("round_id", "gpus", "now", "n_avg", "cluster_size", "deadline", "held", "previous")
@@ -291,7 +313,7 @@ class GetAppRequest(_message.Message):
     def __init__(self, app: _Optional[str] = ...) -> None: ...
 
 class AppState(_message.Message):
-    __slots__ = ("app", "connected", "active", "arrived", "demand", "last_rho", "n_avg", "leases")
+    __slots__ = ("app", "connected", "active", "arrived", "demand", "last_rho", "n_avg", "leases", "model")
     APP_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +322,7 @@ class AppState(_message.Message):
     LAST_RHO_FIELD_NUMBER: _ClassVar[int]
     N_AVG_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     app: str
     connected: bool
     active: bool
@@ -308,13 +331,16 @@ class AppState(_message.Message):
     last_rho: float
     n_avg: float
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
-    def __init__(self, app: _Optional[str] = ..., connected: _Optional[bool] = ..., active: _Optional[bool] = ..., arrived: _Optional[float] = ..., demand: _Optional[int] = ..., last_rho: _Optional[float] = ..., n_avg: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
+    model: str
+    def __init__(self, app: _Optional[str] = ..., connected: _Optional[bool] = ..., active: _Optional[bool] = ..., arrived: _Optional[float] = ..., demand: _Optional[int] = ..., last_rho: _Optional[float] = ..., n_avg: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class IssueTokenRequest(_message.Message):
-    __slots__ = ("app",)
+    __slots__ = ("app", "model")
     APP_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     app: str
-    def __init__(self, app: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, app: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class IssueTokenReply(_message.Message):
     __slots__ = ("app", "token")
@@ -434,16 +460,18 @@ class RoundList(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ...) -> None: ...
 
 class SettingsUpdate(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders", "rank")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
     max_contenders: int
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ...) -> None: ...
+    rank: str
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ...) -> None: ...
 
 class AddMachineRequest(_message.Message):
     __slots__ = ("rack", "machine", "gpus", "slots")

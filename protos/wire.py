@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from protos import themis_pb2 as pb
-from protos.messages import BidTable, Offer, Position, RhoReport, RhoRequest
+from protos.messages import BidTable, Offer, Position, RhoReport, RhoRequest, WorkClaim
 
 
 class WireError(ValueError):
@@ -60,9 +60,22 @@ def offer(msg: pb.Offer) -> Offer:
 
 
 def report_pb(report: RhoReport, round_id: int, app: str) -> pb.RhoReport:
-    return pb.RhoReport(round_id=round_id, app=app, rho=report.rho, demand=report.demand,
-                        remaining_s=report.remaining_s, slowdown=list(report.slowdown),
-                        loss_decrease=report.loss_decrease, rho_wait=report.rho_wait)
+    msg = pb.RhoReport(round_id=round_id, app=app, rho=report.rho, demand=report.demand,
+                       remaining_s=report.remaining_s, slowdown=list(report.slowdown),
+                       loss_decrease=report.loss_decrease, rho_wait=report.rho_wait)
+    if report.work is not None:
+        w = report.work
+        msg.work.CopyFrom(pb.WorkClaim(work_gpu_s=w.work_gpu_s, demand_max=w.demand_max,
+                                       held=[pb.PhaseWork(seconds=list(p)) for p in w.held],
+                                       share=[pb.PhaseWork(seconds=list(p)) for p in w.share]))
+    return msg
+
+
+def work_claim(msg: pb.WorkClaim) -> WorkClaim:
+    """The claim as sent; its checks (five finite times >= 0 per phase, levels the allocation
+    reaches) are the round's (``arbiter.rank.check_claim``)."""
+    return WorkClaim(msg.work_gpu_s, msg.demand_max, tuple(tuple(p.seconds) for p in msg.held),  # type: ignore[arg-type]
+                     tuple(tuple(p.seconds) for p in msg.share))
 
 
 def report(msg: pb.RhoReport) -> RhoReport:
@@ -72,7 +85,8 @@ def report(msg: pb.RhoReport) -> RhoReport:
         got = list(msg.slowdown[:4]) + (["..."] if len(msg.slowdown) > 4 else [])
         raise WireError(f"slowdown must be 4 finite numbers >= 1 (one per D1 level), got {len(msg.slowdown)}: {got}")
     return RhoReport(msg.rho, msg.demand, remaining_s=msg.remaining_s, slowdown=slowdown,  # type: ignore[arg-type]
-                     loss_decrease=msg.loss_decrease, rho_wait=msg.rho_wait)
+                     loss_decrease=msg.loss_decrease, rho_wait=msg.rho_wait,
+                     work=work_claim(msg.work) if msg.HasField("work") else None)
 
 
 def bid_pb(table: BidTable, round_id: int, app: str) -> pb.Bid:

@@ -113,6 +113,7 @@ class Simulation:
         agent_factory: Callable[[AppSpec, AppScheduler], Agent] | None = None,
         keep_rounds: bool = False,
         resplit: str = "now",
+        rank: str = "reported",
     ):
         if restart_s < 0:
             raise ValueError("restart delay must be >= 0")
@@ -124,7 +125,8 @@ class Simulation:
         self.policy = policy
         self.restart_s = restart_s
         self.engine = RoundEngine(
-            cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, expiry_window_s=expiry_window_s, seed=seed
+            cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, expiry_window_s=expiry_window_s, seed=seed,
+            rank=rank,
         )
         self.profiles = profiles or load_profiles()
         self.agent_factory = agent_factory or (lambda spec, app: Agent(app, name=spec.app_id))
@@ -146,7 +148,8 @@ class Simulation:
             step = checkpoint_every(spec)
             run.next_checkpoint = {j.job_id: step for j in spec.jobs}
         self.runs[spec.app_id] = run
-        self.engine.add_app(spec.app_id, self.now)
+        # the arbiter knows each app's model, and so its placement slowdowns (D21's measured rank)
+        self.engine.add_app(spec.app_id, self.now, slowdown=self.profiles[spec.model].slowdown)
 
     @staticmethod
     def _current_jobs(app: AppScheduler) -> list[JobInfo]:

@@ -63,12 +63,12 @@ def simulate(
 
         name, level, liars = strategy
         chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
-        agent_factory = liar_factory(chosen, name, level, seed, rank=rank)
+        agent_factory = liar_factory(chosen, name, level, seed)
     options: dict[str, Any] = {"fairness_knob": fairness_knob, "max_contenders": max_contenders} if policy == "themis" else {}
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
-        resplit=resplit,
+        resplit=resplit, rank=rank,
     )
     if show_progress:
         with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),

@@ -20,11 +20,11 @@ agent's truthful view into what it sends, at a lie size ``level`` in percent. Th
 Lies change only what the agent says: the simulator still runs its jobs at their true speed.
 ``run_strategic`` is the study of paper Figure 15: K liars among truthful apps, per level.
 
-Where the rank's rho comes from is the simulation's ``rank`` (D21): ``reported`` (the default, as
-the service does) takes the agent's rho as it is; ``measured`` stands for an arbiter that measures
-every job's placement slowdown from its iteration times, so the rho that ranks an app (D13) is
-computed with its true slowdowns and the remaining work it claims: a lie about slowdowns then
-reaches only its bids, where the auction prices it (D15).
+Where the rank's rho comes from is the simulation's ``rank`` (D21, ``arbiter.rank``): ``reported``
+(the default) takes the agent's rho as it is; with ``measured`` the round engine computes the rho
+that ranks an app (D13) from the work the agent claims in its report and the slowdowns of the app's
+model, which the arbiter knows (the service: the model an admin bound to the app's token): a lie
+about slowdowns then reaches only its bids, where the auction prices it (D15).
 """
 
 from __future__ import annotations
@@ -44,14 +44,13 @@ from agent.appsched import AppScheduler, CurveStoppingScheduler, JobInfo, Succes
 from agent.bidding import make_bid
 from agent.fairness import TimeLeftCache
 from agent.placement import Position, Slowdown
+from arbiter.rank import RANKS
 from arbiter.rounds import DEFAULT_COALESCE_S
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 from simulator.engine import DEFAULT_RESTART_S
 from simulator.workload import AppSpec
 
 STRATEGIES: dict[str, type["BiddingStrategy"]] = {}
-#: where the rho that ranks the apps comes from (D21): the agent's report, or measured slowdowns
-RANKS = ("reported", "measured")
 
 
 def strategy(cls: type["BiddingStrategy"]) -> type["BiddingStrategy"]:
@@ -84,9 +83,8 @@ class BiddingStrategy(ABC):
         return job
 
     def view(self, app: AppScheduler) -> AppScheduler:
-        """The app as the agent describes it: every job through ``edit``. A strategy that overrides
-        this instead of ``edit`` lies in its reported rank and its bids, but a measured rank (D21)
-        sees none of it: that rank takes only the claimed work of ``edit``'s jobs."""
+        """The app as the agent describes it in its reports and bids: every job through ``edit``.
+        Under a measured rank (D21) only this view's work reaches the rank, not its slowdowns."""
         return app if type(self).edit is BiddingStrategy.edit else described(app, self.edit)
 
     def adjust(self, bid: BidTable) -> BidTable:
@@ -303,35 +301,27 @@ class _DescribedCurve(_Described, CurveStoppingScheduler):
 class StrategicAgent(Agent):
     """An agent that reports and bids through a strategy (its jobs still run truthfully).
 
-    With ``rank="measured"`` (D21) the report's rho is the one the arbiter computes: the work the
-    agent claims, at the slowdowns its jobs were measured to run at. Claims of infinity are then
-    not the agent's to make; its bids still carry every lie."""
+    Its reports and bids describe the app as the strategy does, lies included. Under the measured
+    rank (D21, ``RoundEngine(rank="measured")``) the arbiter takes only the work from its report
+    and applies slowdowns it knows, so a slowdown lie no longer reaches the rank and its own rho
+    (a claim of infinity too) is not used; its bids still carry every lie."""
 
-    def __init__(self, app: AppScheduler, plan: BiddingStrategy, name: str = "", restart_s: float = 0.0,
-                 rank: str = "reported"):
+    def __init__(self, app: AppScheduler, plan: BiddingStrategy, name: str = "", restart_s: float = 0.0):
         super().__init__(app, name=name, restart_s=restart_s)
         self.plan = plan
-        self.rank = check_rank(rank)
-        # The app as the agent describes it in bids and in the rank, each with its remaining times
-        # kept between rounds while the app is unchanged (as a truthful Agent keeps its own).
+        # The app as the agent describes it, with its remaining times kept between rounds while the
+        # app is unchanged (as a truthful Agent keeps its own).
         self._bid_view = plan.view(app)
         self._bid_left = TimeLeftCache(self._bid_view)
-        if self.rank == "reported":
-            self._rank_view, self._rank_left = self._bid_view, self._bid_left
-        else:
-            self._rank_view = described(app, lambda j: replace(plan.edit(j), slowdown=j.slowdown))
-            self._rank_left = TimeLeftCache(self._rank_view)
 
     def report(self, request: RhoRequest) -> RhoReport:
         truthful = self.app, self._cache
-        self.app, self._cache = self._rank_view, self._rank_left
+        self.app, self._cache = self._bid_view, self._bid_left
         try:
             answer = super().report(request)
         finally:
             self.app, self._cache = truthful
-        if self.plan.claims_infinity and self.rank == "reported":
-            return replace(answer, rho=math.inf)
-        return answer
+        return replace(answer, rho=math.inf) if self.plan.claims_infinity else answer
 
     def bid(self, offer: Offer) -> BidTable:
         if not self.plan.sends_bid:
@@ -353,15 +343,12 @@ def check_rank(rank: str) -> str:
     return rank
 
 
-def liar_factory(liars: set[str], name: str, level: float, seed: int = 0, rank: str = "reported"):
-    """An agent factory for ``Simulation``: the apps in ``liars`` bid through the strategy, ranked
-    by ``rank`` (D21)."""
-    check_rank(rank)
+def liar_factory(liars: set[str], name: str, level: float, seed: int = 0):
+    """An agent factory for ``Simulation``: the apps in ``liars`` report and bid through the strategy."""
 
     def make(spec: AppSpec, app: AppScheduler) -> Agent:
         if spec.app_id in liars:
-            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"), spec.app_id,
-                                  rank=rank)
+            return StrategicAgent(app, make_strategy(name, level, seed=f"{seed}:{spec.app_id}"), spec.app_id)
         return Agent(app, name=spec.app_id)
 
     return make

@@ -104,25 +104,32 @@ def _spread_request():
     return RhoRequest(1, "a", 0.0, 2.0, 256, held)
 
 
+def _ranked_rho(agent, rank: str) -> float:
+    """The rho that ranks ``agent``'s app in a round on sim-256 where it holds two GPUs on two
+    machines of one rack, the arbiter knowing the app's true slowdowns (SLOW)."""
+    from arbiter.policies import make_policy
+    from arbiter.rounds import RoundEngine
+
+    engine = RoundEngine(CLUSTER, make_policy("themis"), rank=rank)
+    engine.add_app("a", 0.0, slowdown=SLOW)
+    engine.leases.grant("a", ["r6-m24-g0", "r6-m25-g0"], now=0.0, expires_at=1e6, round_id=0)
+    return engine.run_round(100.0, {"a": agent}).rho["a"]
+
+
 def test_a_measured_rank_takes_the_claimed_work_at_the_measured_slowdowns():
-    """D21: with rank="measured" a slowdown lie no longer reaches the rho that ranks the app, a work
-    lie still does, and the bid carries both lies either way."""
-    request = _spread_request()
-    truth = Agent(app()).report(request).rho
+    """D21: with the engine's rank="measured" a slowdown lie no longer reaches the rho that ranks
+    the app (nor does a claim of infinity), a work lie still does, and the bid carries both lies."""
+    truth = _ranked_rho(Agent(app()), "reported")
+    assert _ranked_rho(Agent(app()), "measured") == pytest.approx(truth, rel=1e-12)
+    assert _ranked_rho(StrategicAgent(app(), make_strategy("overreport-spread", 50)), "reported") > truth * 1.05
+    assert _ranked_rho(StrategicAgent(app(), make_strategy("overreport-spread", 50)), "measured") == \
+        pytest.approx(truth, rel=1e-12)
     for rank in ("reported", "measured"):
-        slow = StrategicAgent(app(), make_strategy("overreport-spread", 50), rank=rank)
-        work = StrategicAgent(app(), make_strategy("misreport-work", 100), rank=rank)
-        if rank == "reported":
-            assert slow.report(request).rho > truth * 1.05
-        else:
-            assert slow.report(request).rho == pytest.approx(truth)
-        assert work.report(request).rho > truth * 1.05
-        assert by_set(slow.bid(offer())) != by_set(Agent(app()).bid(offer()))
-    inf = StrategicAgent(app(), make_strategy("report-inf", 0), rank="measured")
-    assert inf.report(request).rho == pytest.approx(truth)
-    assert StrategicAgent(app(), make_strategy("report-inf", 0)).report(request).rho == float("inf")
-    with pytest.raises(ValueError, match="unknown rank"):
-        StrategicAgent(app(), make_strategy("truthful", 0), rank="audited")
+        assert _ranked_rho(StrategicAgent(app(), make_strategy("misreport-work", 100)), rank) > truth * 1.05
+    assert _ranked_rho(StrategicAgent(app(), make_strategy("report-inf", 0)), "measured") == \
+        pytest.approx(truth, rel=1e-12)
+    assert by_set(StrategicAgent(app(), make_strategy("overreport-spread", 50)).bid(offer())) != \
+        by_set(Agent(app()).bid(offer()))
 
 
 def test_an_agent_that_withholds_its_bid_is_leased_nothing_in_that_round():
@@ -164,19 +171,18 @@ def test_fig15_lie_pays_through_the_reported_rank_and_not_through_the_measured_o
     assert liar_jct(50.0, "measured") >= 0.99 * truthful
 
 
-@pytest.mark.parametrize("rank", ["reported", "measured"])
-def test_a_liar_keeps_its_remaining_times_between_rounds_only_while_its_app_is_unchanged(rank):
-    """The liar's view of its app (and its rank's) carries the app's version, so what it computed
-    stays valid while nothing moved and is recomputed once its jobs progress or a phase ends."""
+def test_a_liar_keeps_its_remaining_times_between_rounds_only_while_its_app_is_unchanged():
+    """The liar's view of its app carries the app's version, so what it computed stays valid while
+    nothing moved and is recomputed once its jobs progress or a phase ends."""
     from protos.messages import RhoRequest
 
     a = app()
-    liar = StrategicAgent(a, make_strategy("misestimate", 20, seed=3), rank=rank)
+    liar = StrategicAgent(a, make_strategy("misestimate", 20, seed=3))
     spread = {g: CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")}
-    request = RhoRequest(1, "liar", 100.0, 2.0, 256, spread)
+    request = RhoRequest(1, "liar", 100.0, 2.0, 256, spread, frozenset({"work"}))
 
     def fresh():  # the same liar with nothing kept
-        twin = StrategicAgent(a, make_strategy("misestimate", 20, seed=3), rank=rank)
+        twin = StrategicAgent(a, make_strategy("misestimate", 20, seed=3))
         return twin.bid(offer()), twin.report(request)
 
     first = (liar.bid(offer()), liar.report(request))

@@ -1,0 +1,112 @@
+"""The rho that ranks an app, computed by the arbiter from the work the app claims (D21).
+
+The auction prices a lie in a bid (D15), but the rho that picks the bidders (D13) is the app's
+word, and no auction sees it: an app that over-reports how much a spread placement slows it ranks
+as worse off while it runs spread, and bids more often (Fig. 15). The arbiter can know an app's
+placement slowdowns without asking it -- they are measurements of its model (the profile table,
+``agent/profiles/slowdowns.toml``; in the simulator, the model's true slowdowns) -- while the work
+an app has left cannot be known until it is done. So, ranking by ``measured``, the arbiter takes
+the work from the app (:class:`protos.messages.WorkClaim`) and applies the slowdowns it knows:
+
+    rho = (now - arrival + sum over phases of max(one_gpu, slot S0, machine S1, rack S2, cluster S3))
+          / (B / min(R_C, demand_max) x N_avg)
+
+which is Eq. 1 / Eq. 2 exactly as the agent computes it (``agent.fairness``), for the app's own
+allocation, with the arrival the arbiter saw and its own N_avg. An app that held nothing as the
+round opened has rho = infinity, and its waiting rho (D13) is the same formula on its fair share.
+The agent's own rho, including a claim of infinity, is then not used for the rank.
+
+The claim is checked against what the arbiter knows: finite, non-negative times, no work at a
+locality level the allocation does not reach (an app holding one machine has no job spanning
+racks), a claim on what it holds only when it holds something.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from arbiter.auction import RHO_MAX, RHO_MIN
+from protos.messages import WORK_COLUMNS, PhaseWork, WorkClaim
+
+__all__ = ["MAX_PHASES", "RANKS", "BadWorkClaim", "check_claim", "measured_rho", "time_left"]
+
+#: Where the rho that ranks an app comes from (D21): its report, or its claimed work at slowdowns
+#: the arbiter knows.
+RANKS = ("reported", "measured")
+MAX_PHASES = 64  # successive halving over 2^64 trials is no search; bounds the claim's size
+_SHARE_LEVEL = 1  # D13's fair share is packed on one machine: no job of it spans more
+
+
+class BadWorkClaim(ValueError):
+    """A work claim the arbiter cannot use; the message says what is wrong."""
+
+
+def _phases(phases: object, what: str, deepest: int) -> tuple[PhaseWork, ...]:
+    if not isinstance(phases, (list, tuple)):
+        raise BadWorkClaim(f"{what} must be a list of phases, got {type(phases).__name__}")
+    if len(phases) > MAX_PHASES:
+        raise BadWorkClaim(f"{what} has {len(phases)} phases, more than {MAX_PHASES}")
+    out = []
+    for k, phase in enumerate(phases):
+        if not isinstance(phase, (list, tuple)) or len(phase) != len(WORK_COLUMNS):
+            raise BadWorkClaim(f"{what} phase {k} must have {len(WORK_COLUMNS)} times ({', '.join(WORK_COLUMNS)})")
+        for column, t in zip(WORK_COLUMNS, phase):
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+                raise BadWorkClaim(f"{what} phase {k} {column}: a time must be a finite number >= 0, got {t!r}")
+        for level in range(deepest + 1, 4):
+            if phase[level + 1] > 0:
+                raise BadWorkClaim(f"{what} phase {k}: work at the {WORK_COLUMNS[level + 1]} level, beyond the "
+                                   f"allocation's (D1 level {deepest})")
+        out.append(tuple(float(t) for t in phase))
+    return tuple(out)  # type: ignore[return-value]
+
+
+def check_claim(claim: object, held: int, level: int) -> WorkClaim:
+    """``claim`` as the arbiter can use it for an app holding ``held`` GPUs at D1 locality
+    ``level`` as the round opened, or :class:`BadWorkClaim` naming the first thing wrong."""
+    if not isinstance(claim, WorkClaim):
+        raise BadWorkClaim(f"a work claim must be a WorkClaim, got {type(claim).__name__}")
+    b, d = claim.work_gpu_s, claim.demand_max
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not (math.isfinite(b) and b > 0):
+        raise BadWorkClaim(f"work_gpu_s must be a finite number > 0, got {b!r}")
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise BadWorkClaim(f"demand_max must be an integer >= 1, got {d!r}")
+    if held:
+        if not claim.held:
+            raise BadWorkClaim(f"the app holds {held} GPU(s) and claims no work on them")
+        if claim.share:
+            raise BadWorkClaim("a fair-share claim comes only from an app that holds nothing")
+    elif claim.held:
+        raise BadWorkClaim("a claim on held GPUs from an app that holds none")
+    return WorkClaim(float(b), d, _phases(claim.held, "held", level),
+                     _phases(claim.share, "share", _SHARE_LEVEL))
+
+
+def time_left(phases: Sequence[PhaseWork], slowdown: Sequence[float]) -> float:
+    """The time left under the claimed phases at placement slowdowns ``slowdown`` (D1 levels 0-3)."""
+    s0, s1, s2, s3 = slowdown
+    return sum(max(one, slot * s0, machine * s1, rack * s2, spread * s3)
+               for one, slot, machine, rack, spread in phases)
+
+
+def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, demand: int, elapsed: float,
+                 n_avg: float, cluster_size: int) -> tuple[float, float]:
+    """(rho, waiting rho) of an app from its checked ``claim`` at ``slowdown`` (D21): rho on what
+    it holds (infinity when it holds nothing), and D13's waiting rho on its fair share when it holds
+    nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds on rho (D7)."""
+    t_id = claim.work_gpu_s / min(cluster_size, max(1, claim.demand_max)) * n_avg
+    since = max(0.0, elapsed)
+    if held:
+        return _bounded((since + time_left(claim.held, slowdown)) / t_id), 0.0
+    if demand <= 0 or not claim.share:
+        return math.inf, 0.0
+    left = time_left(claim.share, slowdown)
+    share = cluster_size / n_avg
+    if share < 1:
+        left /= share
+    return math.inf, _bounded((since + left) / t_id)
+
+
+def _bounded(rho: float) -> float:
+    return min(RHO_MAX, max(RHO_MIN, rho))

@@ -1,0 +1,184 @@
+"""The rank computed by the arbiter from claimed work at slowdowns it knows (D21, ``arbiter.rank``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.agent import Agent, packed
+from agent.appsched import FixedJobsApp, JobInfo, SuccessiveHalvingApp
+from agent.fairness import shared_time_left, waiting_rho, work_of_shape
+from agent.placement import canonical_shape
+from arbiter.cluster import load_cluster
+from arbiter.policies import make_policy
+from arbiter.rank import MAX_PHASES, BadWorkClaim, check_claim, measured_rho, time_left
+from arbiter.rounds import InvalidReport, RoundEngine
+from protos.messages import RhoReport, RhoRequest, WorkClaim
+
+CLUSTER = load_cluster("sim-256")
+SLOW = (1.0, 1.15, 1.6, 2.3)
+SPREAD = ["r6-m24-g0", "r6-m25-g0"]  # two machines of one rack: D1 level 2
+
+
+def _slowdowns():
+    """Four finite slowdowns >= 1, not decreasing from slot to cluster (D1)."""
+    return st.lists(st.floats(1.0, 4.0), min_size=4, max_size=4).map(lambda v: tuple(sorted(v)))
+
+
+def _positions(picks: list[int]) -> list[tuple[str, str, str]]:
+    ids = sorted(CLUSTER.gpu_ids)
+    return [CLUSTER.position(ids[k % len(ids)]) for k in dict.fromkeys(picks)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["halving", "fixed"]),
+    jobs=st.integers(1, 12),
+    phases=st.integers(1, 4),
+    demand=st.integers(1, 8),
+    picks=st.lists(st.integers(0, 255), min_size=1, max_size=40),
+    progress=st.floats(0.0, 0.9),
+    slowdown=_slowdowns(),
+)
+def test_claimed_work_at_the_apps_slowdowns_is_its_time_left(kind, jobs, phases, demand, picks, progress, slowdown):
+    """The claim leaves the slowdowns out and loses nothing: at the app's own slowdowns the
+    arbiter's sum of per-phase maxima is the agent's time left (D3's split and the runs' levels do
+    not depend on S), for even splits, uneven ones and jobs queued on fewer GPUs than jobs."""
+    if kind == "halving":
+        jobs = max(jobs, 2 ** (phases - 1))
+        app = SuccessiveHalvingApp([0.5 + k / 5 for k in range(jobs)], [200.0 * (k + 1) for k in range(phases)],
+                                   job_demand_max=demand, grow_demand=demand > 4, slowdown=slowdown)
+        for job in app.phase_jobs():
+            app.advance(job, 200.0 * progress)
+    else:
+        app = FixedJobsApp([JobInfo(1000.0 * (k + 1) * (1 - progress), 0.3 + k / 9, slowdown, demand, f"j{k}")
+                            for k in range(jobs)])
+    gpus = _positions(picks)
+    work = work_of_shape(app, canonical_shape(gpus))
+    assert time_left(work, slowdown) == pytest.approx(shared_time_left(app, gpus), rel=1e-12)
+
+
+def _engine(rank: str = "measured") -> RoundEngine:
+    engine = RoundEngine(CLUSTER, make_policy("themis"), rank=rank)
+    engine.add_app("busy", 0.0)
+    engine.set_demand("busy", 0, 0.0)
+    engine.leases.grant("busy", [g for g in CLUSTER.gpu_ids if g not in SPREAD][:-8], now=0.0, expires_at=1e6,
+                        round_id=0)
+    return engine
+
+
+def _app() -> SuccessiveHalvingApp:
+    return SuccessiveHalvingApp([1.0, 1.2, 0.9, 1.1], [100, 200, 300], job_demand_max=4, slowdown=SLOW)
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_truthful_app_ranks_the_same_by_its_report_and_by_its_claimed_work(holds):
+    """For a truthful app the measured rank is its reported rho (holding GPUs) and its waiting rho
+    (holding nothing, D13): the same formula, with the arbiter's arrival time and N_avg."""
+    ranked = {}
+    for rank in ("reported", "measured"):
+        engine = _engine(rank)
+        engine.add_app("a", 0.0, slowdown=SLOW)
+        if holds:
+            engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+        rnd = engine.open_round(500.0)
+        request = next(r for r in rnd.requests if r.app == "a")
+        assert ("work" in request.extras) == (rank == "measured")
+        rnd.report("a", Agent(_app(), name="a").report(request))
+        ranked[rank] = rnd._reports["a"]
+        rnd.abandon()
+    if holds:
+        assert math.isfinite(ranked["reported"].rho)
+        assert ranked["measured"].rho == pytest.approx(ranked["reported"].rho, rel=1e-12)
+    else:
+        assert math.isinf(ranked["measured"].rho) and math.isinf(ranked["reported"].rho)
+        assert ranked["reported"].rho_wait > 0
+        assert ranked["measured"].rho_wait == pytest.approx(ranked["reported"].rho_wait, rel=1e-12)
+
+
+def test_the_measured_rank_uses_the_slowdowns_the_arbiter_knows_not_the_apps():
+    """An app whose spread slowdown is really 1.6 / 2.3 and that says 2.4 / 3.45 (Fig. 15's lie)
+    ranks as its true self; it would have ranked higher by its report."""
+    liar_app = SuccessiveHalvingApp([1.0, 1.2, 0.9, 1.1], [100, 200, 300], job_demand_max=4,
+                                    slowdown=(1.0, 1.15, 2.4, 3.45))
+    ranked = {}
+    for who, the_app in (("truth", _app()), ("liar", liar_app)):
+        for rank in ("reported", "measured"):
+            engine = _engine(rank)
+            engine.add_app("a", 0.0, slowdown=SLOW)
+            engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+            ranked[who, rank] = engine.run_round(500.0, {"a": Agent(the_app, name="a"), "busy": Agent(_app())}).rho["a"]
+    assert ranked["liar", "reported"] > 1.05 * ranked["truth", "reported"]
+    assert ranked["liar", "measured"] == pytest.approx(ranked["truth", "measured"], rel=1e-12)
+
+
+def _report(claim: WorkClaim | None, rho: float = 1.0, demand: int = 16) -> RhoReport:
+    return RhoReport(rho, demand, work=claim)
+
+
+GOOD_PHASE = (0.0, 10.0, 50.0, 80.0, 0.0)
+
+
+@pytest.mark.parametrize("claim, words", [
+    (None, "must carry the app's work"),
+    (WorkClaim(1000.0, 4, ((0.0, 10.0, 50.0, 80.0, 5.0),)), "beyond the allocation's"),
+    (WorkClaim(1000.0, 4, ((0.0, -1.0, 0.0, 0.0, 0.0),)), "finite number >= 0"),
+    (WorkClaim(1000.0, 4, ((0.0, math.nan, 0.0, 0.0, 0.0),)), "finite number >= 0"),
+    (WorkClaim(1000.0, 4, ((0.0, 1.0, 0.0),)), "must have 5 times"),
+    (WorkClaim(1000.0, 4, (GOOD_PHASE,) * (MAX_PHASES + 1)), "more than 64"),
+    (WorkClaim(0.0, 4, (GOOD_PHASE,)), "work_gpu_s"),
+    (WorkClaim(1000.0, 0, (GOOD_PHASE,)), "demand_max"),
+    (WorkClaim(1000.0, 4, ()), "claims no work on them"),
+    (WorkClaim(1000.0, 4, (GOOD_PHASE,), (GOOD_PHASE,)), "only from an app that holds nothing"),
+])
+def test_a_bad_work_claim_is_refused_with_what_is_wrong(claim, words):
+    """The claim is checked against what the arbiter knows (D21): an app holding two GPUs of one
+    rack has no job spanning racks; times are finite and not negative; the claim fits the holding."""
+    engine = _engine()
+    engine.add_app("a", 0.0, slowdown=SLOW)
+    engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+    rnd = engine.open_round(500.0)
+    with pytest.raises(InvalidReport, match=words):
+        rnd.report("a", _report(claim))
+    rnd.report("a", _report(WorkClaim(1000.0, 4, (GOOD_PHASE,))))  # a good one is taken after a bad one
+    assert rnd._reports["a"].rho == pytest.approx((500.0 + 80.0 * SLOW[2]) / (1000.0 / 4 * engine.n_avg("a", 500.0)))
+    rnd.abandon()
+
+
+def test_an_app_holding_nothing_cannot_claim_work_on_held_gpus():
+    with pytest.raises(BadWorkClaim, match="holds none"):
+        check_claim(WorkClaim(1000.0, 4, (GOOD_PHASE,)), 0, 0)
+    with pytest.raises(BadWorkClaim, match="beyond the allocation's"):  # a fair share is one machine
+        check_claim(WorkClaim(1000.0, 4, (), ((0.0, 0.0, 0.0, 5.0, 0.0),)), 0, 0)
+
+
+def test_an_app_whose_slowdowns_the_arbiter_does_not_know_is_ranked_by_its_report():
+    """Under a measured rank, an app with no known model is asked for no work and ranked by its rho."""
+    engine = _engine()
+    engine.add_app("a", 0.0)
+    engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+    rnd = engine.open_round(500.0)
+    request = next(r for r in rnd.requests if r.app == "a")
+    assert "work" not in request.extras
+    rnd.report("a", RhoReport(0.75, 16))
+    assert rnd._reports["a"].rho == 0.75
+    rnd.abandon()
+    with pytest.raises(ValueError, match="4 finite numbers >= 1"):
+        engine.set_slowdown("a", (1.0, 0.5, 1.0, 1.0))
+
+
+def test_measured_rho_time_slices_the_fair_share_below_one_gpu():
+    """D13's waiting rho on a share under one GPU: the time on one GPU divided by the share."""
+    app = FixedJobsApp([JobInfo(1000.0, 1.0, SLOW, 1, "j0")])
+    n_avg = 512.0  # 256 GPUs among 512 apps: half a GPU each
+    request = RhoRequest(1, "a", 100.0, n_avg, 256, {}, frozenset({"work"}))
+    claim = Agent(app).report(request).work
+    _, wait = measured_rho(check_claim(claim, 0, 0), SLOW, held=0, demand=1, elapsed=100.0, n_avg=n_avg,
+                           cluster_size=256)
+    left = shared_time_left(app, packed(1))  # 1,000 s on one GPU
+    assert wait == pytest.approx((100.0 + 2 * left) / (1000.0 * n_avg))  # T_id = B / min(R_C, 1) x N_avg
+    assert wait == pytest.approx(waiting_rho(app, now=100.0, n_avg=n_avg, cluster_size=256,
+                                             time_left=lambda g: shared_time_left(app, g), packed=packed))
