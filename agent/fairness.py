@@ -169,11 +169,14 @@ def phase_work(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bo
 
 
 def work_of_shape(app: AppScheduler, shape: Shape) -> tuple[PhaseWork, ...]:
-    """:func:`time_left_of_shape` taken apart per phase with :func:`phase_work` (D21)."""
+    """:func:`time_left_of_shape` taken apart per phase with :func:`phase_work` (D21). A search
+    past its last phase claims one phase of no work (time left 0, as its rho says): an empty claim
+    on held GPUs is refused (``arbiter.rank.check_claim``), and a finished search can still hold
+    GPUs and be asked for rho before its demand of 0 reaches the arbiter."""
     order = shape_order(shape)
     if isinstance(app, SuccessiveHalvingScheduler):
         return tuple(phase_work(app.jobs_in_phase(phase, order), order, ordered=True)
-                     for phase in range(app.current_phase(), app.num_phases() + 1))
+                     for phase in range(app.current_phase(), app.num_phases() + 1)) or (phase_work((), order),)
     if isinstance(app, CurveStoppingScheduler):
         return (phase_work(app.jobs_remaining(order), order, ordered=True),)
     raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")

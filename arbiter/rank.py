@@ -18,7 +18,8 @@ The agent's own rho, including a claim of infinity, is then not used for the ran
 
 The claim is checked against what the arbiter knows: finite, non-negative times, no work at a
 locality level the allocation does not reach (an app holding one machine has no job spanning
-racks), a claim on what it holds only when it holds something.
+racks), a claim on what it holds only when it holds something, and an ideal time T_id that is a
+finite time > 0.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ __all__ = ["MAX_PHASES", "RANKS", "BadWorkClaim", "check_claim", "measured_rho",
 #: Where the rho that ranks an app comes from (D21): its report, or its claimed work at slowdowns
 #: the arbiter knows.
 RANKS = ("reported", "measured")
-MAX_PHASES = 64  # successive halving over 2^64 trials is no search; bounds the claim's size
+# Bounds a claim's size, not a search: Hyperband lists every bracket's rungs as phases, (s_max + 1)
+# (s_max + 2) / 2 of them (66 for R = 1,024 and eta = 2, which the first bound, 64, starved: its
+# every report was refused); 1,024 phases is s_max = 44, and about 3 ms of checking.
+MAX_PHASES = 1024
 _SHARE_LEVEL = 1  # D13's fair share is packed on one machine: no job of it spans more
 
 
@@ -94,8 +98,16 @@ def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, dema
                  n_avg: float, cluster_size: int) -> tuple[float, float]:
     """(rho, waiting rho) of an app from its checked ``claim`` at ``slowdown`` (D21): rho on what
     it holds (infinity when it holds nothing), and D13's waiting rho on its fair share when it holds
-    nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds on rho (D7)."""
-    t_id = claim.work_gpu_s / min(cluster_size, max(1, claim.demand_max)) * n_avg
+    nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds on rho (D7).
+
+    :class:`BadWorkClaim` when the claim's T_id is not a finite time > 0: a B that passes
+    :func:`check_claim` can still underflow to 0 over the app's GPUs (5e-324 / 4; rho would divide by
+    zero) or overflow (rho would be inf / inf), and neither is an app's ideal time."""
+    gpus = min(cluster_size, max(1, claim.demand_max))
+    t_id = claim.work_gpu_s / gpus * n_avg
+    if not (math.isfinite(t_id) and t_id > 0):
+        raise BadWorkClaim(f"work_gpu_s {claim.work_gpu_s!r} over {gpus} GPU(s) x N_avg {n_avg:g} gives T_id = "
+                           f"{t_id!r}; it must be a finite time > 0 (Eq. 1)")
     since = max(0.0, elapsed)
     if held:
         return _bounded((since + time_left(claim.held, slowdown)) / t_id), 0.0

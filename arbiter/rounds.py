@@ -465,6 +465,10 @@ class OpenRound:
             for app in sorted(engine.apps)
             if engine.wants_more(app)
         ]
+        # D21: what each app is asked on -- the GPUs it held as the round opened, its N_avg, the
+        # cluster's size -- which a measured rank uses too, as the agent's claim does: an app that
+        # connects, or a Release, before the report must not move them between the two
+        self._asked = {r.app: r for r in self.requests}
         self._reports: dict[str, RhoReport] = {}
         self._offers: dict[str, Offer] | None = None
         self._ranked = 0
@@ -510,14 +514,17 @@ class OpenRound:
             raise InvalidReport(f"{app!r}: the arbiter ranks by measured slowdowns (D21); the report must "
                                 "carry the app's work (an agent too old to send it?)")
         engine = self.engine
-        held = self.held_at_open(app)
+        asked = self._asked.get(app)
+        if asked is not None:  # the request's, which the claim was computed on
+            held, n_avg, size = frozenset(asked.held), asked.n_avg, asked.cluster_size
+        else:
+            held, n_avg, size = self.held_at_open(app), engine.n_avg(app, self.now), engine.cluster.size
         try:
             claim = check_claim(report.work, len(held), engine.cluster.locality(held) if held else 0)
+            rho, wait = measured_rho(claim, self.by_work[app], held=len(held), demand=report.demand,
+                                     elapsed=self.now - engine.apps[app].arrived, n_avg=n_avg, cluster_size=size)
         except BadWorkClaim as exc:
             raise InvalidReport(f"{app!r}: work claim: {exc}") from None
-        rho, wait = measured_rho(claim, self.by_work[app], held=len(held), demand=report.demand,
-                                 elapsed=self.now - engine.apps[app].arrived, n_avg=engine.n_avg(app, self.now),
-                                 cluster_size=engine.cluster.size)
         return replace(report, rho=rho, rho_wait=wait, work=claim)
 
     def note_failure(self, app: str, reason: str) -> None:

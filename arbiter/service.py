@@ -306,6 +306,10 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         #: app to, and what a measured rank applies to its claimed work (D21)
         self.profiles = dict(profiles or {})
         self.models = store.models()
+        for app, model in sorted(self.models.items()):
+            if model not in self.profiles:  # e.g. started without the --profiles file that had it
+                log.warning("an app's model is not in the profile table: it is ranked by its report",
+                            extra={"fields": {"app": app, "model": model}})
         for app in engine.apps:
             engine.set_slowdown(app, self._slowdown_of(app))
 

@@ -280,8 +280,9 @@ def fig14_plot(out: Path, rows: Sequence[dict[str, Any]], n_seeds: int) -> None:
 
 def fig15(setup: Setup) -> dict[str, Any]:
     """Fig. 15: one app over-reporting its spread slowdown by X% among 8 identical apps on 64 GPUs,
-    ranked by its reported rho (the service, the top level of the result) and by the rho the
-    arbiter computes with measured slowdowns (``measured_rank``, D21; ``rank-measured/``)."""
+    ranked by its reported rho (the paper's rank, the top level of the result) and by the rho the
+    arbiter computes with measured slowdowns (``measured_rank``, D21, the service's rank for an app
+    bound to a model; ``rank-measured/``)."""
     from simulator.strategic import RANKS, run_strategic
 
     levels = [0, 25, 50, 100] if setup.quick else [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]

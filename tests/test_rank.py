@@ -128,7 +128,7 @@ GOOD_PHASE = (0.0, 10.0, 50.0, 80.0, 0.0)
     (WorkClaim(1000.0, 4, ((0.0, -1.0, 0.0, 0.0, 0.0),)), "finite number >= 0"),
     (WorkClaim(1000.0, 4, ((0.0, math.nan, 0.0, 0.0, 0.0),)), "finite number >= 0"),
     (WorkClaim(1000.0, 4, ((0.0, 1.0, 0.0),)), "must have 5 times"),
-    (WorkClaim(1000.0, 4, (GOOD_PHASE,) * (MAX_PHASES + 1)), "more than 64"),
+    (WorkClaim(1000.0, 4, (GOOD_PHASE,) * (MAX_PHASES + 1)), f"more than {MAX_PHASES}"),
     (WorkClaim(0.0, 4, (GOOD_PHASE,)), "work_gpu_s"),
     (WorkClaim(1000.0, 0, (GOOD_PHASE,)), "demand_max"),
     (WorkClaim(1000.0, 4, ()), "claims no work on them"),
@@ -182,3 +182,71 @@ def test_measured_rho_time_slices_the_fair_share_below_one_gpu():
     assert wait == pytest.approx((100.0 + 2 * left) / (1000.0 * n_avg))  # T_id = B / min(R_C, 1) x N_avg
     assert wait == pytest.approx(waiting_rho(app, now=100.0, n_avg=n_avg, cluster_size=256,
                                              time_left=lambda g: shared_time_left(app, g), packed=packed))
+
+
+@pytest.mark.parametrize("work_gpu_s, demand_max", [(5e-324, 4), (1e308, 1)])
+def test_a_claim_whose_ideal_time_is_zero_or_infinite_is_refused_with_the_reason(work_gpu_s, demand_max):
+    """T_id = B / min(R_C, demand_max) x N_avg (Eq. 1) divides rho: a B that passes the checks
+    (finite, > 0) can still make it 0 (the smallest double over 4 GPUs underflows) or infinite
+    (overflow), and the arbiter must refuse the claim with the reason (D21), not divide by zero
+    (a ZeroDivisionError in the report handler) or rank the app by inf / inf."""
+    engine = _engine()
+    engine.add_app("a", 0.0, slowdown=SLOW)
+    engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+    rnd = engine.open_round(500.0)
+    with pytest.raises(InvalidReport, match="T_id"):
+        rnd.report("a", _report(WorkClaim(work_gpu_s, demand_max, (GOOD_PHASE,))))
+    rnd.report("a", _report(WorkClaim(1000.0, 4, (GOOD_PHASE,))))  # a good one is still taken
+    rnd.abandon()
+
+
+@pytest.mark.parametrize("meanwhile, holds", [("another app arrives", True), ("another app arrives", False),
+                                               ("the app gives a GPU back", True)])
+def test_a_measured_rank_is_computed_on_what_the_request_named(meanwhile, holds):
+    """D21: the agent computes its claim on what the rho request named (the GPUs held as the round
+    opened, its N_avg), so the arbiter must rank it on the same, whatever happened before the report
+    came: an app that connects meanwhile moves the engine's N_avg (by a third here, for an app that
+    arrived 2 s before), and a Release moves what the app holds (the claim's work on two machines
+    was refused as beyond the one GPU left). A truthful app ranks as by its report."""
+    ranked = {}
+    for rank in ("reported", "measured"):
+        engine = _engine(rank)
+        engine.add_app("a", 0.0, slowdown=SLOW)
+        if holds:
+            engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+        rnd = engine.open_round(2.0)
+        request = next(r for r in rnd.requests if r.app == "a")
+        if meanwhile == "another app arrives":
+            engine.add_app("late", 3.0)
+        else:
+            engine.release("a", SPREAD[1:], 3.0)
+        rnd.report("a", Agent(_app(), name="a").report(request))
+        ranked[rank] = rnd._reports["a"]
+        rnd.abandon()
+    assert ranked["measured"].rho == pytest.approx(ranked["reported"].rho, rel=1e-12)
+    assert ranked["measured"].rho_wait == pytest.approx(ranked["reported"].rho_wait, rel=1e-12)
+
+
+def test_a_finished_search_still_holding_gpus_is_ranked_as_by_its_report():
+    """A successive-halving search whose last phase just ended still holds its GPUs, and a round
+    that opened before its demand of 0 reached the arbiter asks it for rho. Its time left is 0, so
+    its report is rho = elapsed / T_id with demand 0; under the measured rank its claim must say the
+    same (it had no phase left, an empty claim, which D21 refuses from a holder: the app's report
+    was refused, and its demand of 0 with it)."""
+    done = SuccessiveHalvingApp([1.0, 1.2], [100], job_demand_max=4, slowdown=SLOW)
+    for job in done.phase_jobs():
+        done.advance(job, 100)
+    done.end_phase(done.phase_jobs()[:1])
+    assert done.current_phase() > done.num_phases() and done.demand_now() == 0
+    ranked = {}
+    for rank in ("reported", "measured"):
+        engine = _engine(rank)
+        engine.add_app("a", 0.0, slowdown=SLOW)
+        engine.set_demand("a", 8, 0.0)
+        engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+        rnd = engine.open_round(500.0)
+        rnd.report("a", Agent(done, name="a").report(next(r for r in rnd.requests if r.app == "a")))
+        ranked[rank] = rnd._reports["a"]
+        rnd.abandon()
+    assert ranked["measured"].demand == 0
+    assert ranked["measured"].rho == pytest.approx(ranked["reported"].rho, rel=1e-12)

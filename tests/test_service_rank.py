@@ -131,3 +131,53 @@ def test_an_agent_that_sends_no_work_is_told_why_its_report_was_refused(tmp_path
             await raw.close()
 
     run(scenario())
+
+
+def test_a_bound_hyperband_search_with_many_rungs_is_ranked_and_served(tmp_path):
+    """Hyperband lists every bracket's rungs as phases, (s_max + 1)(s_max + 2) / 2 of them: 66 for
+    R = 1,024 and eta = 2. D21's bound on a claim's phases (it was 64) refused every report of such
+    a search bound to a model, so it was never offered a GPU and never started: a truthful app
+    starved by the measured rank. A real arbiter, a real agent on the shipped adapter."""
+    from hyperparam_adapters.hyperband import HyperbandAdapter
+
+    async def scenario():
+        async with arbiter(tmp_path) as server:  # rank: measured, the service's default
+            token = await issue_token(target(server), "hb", ADMIN, model="vgg19")
+            search = HyperbandAdapter({"lr": [0.1, 0.01]}, max_resource=1024, eta=2, iter_time=0.05,
+                                      slowdown=TRUE, start_time=time.time())
+            assert search.num_phases() == 66
+            client = AgentClient(Agent(search), "hb", target(server), await register(target(server), "hb", token),
+                                 backoff_s=(0.05, 0.5))
+            task = asyncio.create_task(client.run())
+            stub, meta, ch = admin_stub(server)
+            await wait_for(lambda: len(client.held) == 8, 20)
+            history = await stub.RoundHistory(pb.RoundHistoryRequest(limit=50), metadata=meta)
+            assert not any("hb" in r.rejected for r in history.rounds), [dict(r.rejected) for r in history.rounds]
+            client.stop()
+            await task
+            await ch.close()
+
+    run(scenario())
+
+
+def test_a_model_missing_from_the_profile_table_after_a_restart_is_said_in_the_log(tmp_path, caplog):
+    """The binding stays (status shows it), but an arbiter started without the table that had the
+    model ranks the app by its report; it says so instead of falling back silently."""
+    import logging
+
+    table = tmp_path / "mine.toml"
+    table.write_text('[models.mymodel]\ncategory = "cv"\nslowdown = [1.0, 1.0, 1.3, 1.6]\n'
+                     'source = "measured on our cluster"\n')
+
+    async def scenario():
+        async with arbiter(tmp_path, profiles=(table,)) as server:
+            await issue_token(target(server), "a", ADMIN, model="mymodel")
+        with caplog.at_level(logging.WARNING, logger="themis.arbiter"):
+            async with arbiter(tmp_path) as server:
+                stub, meta, ch = admin_stub(server)
+                assert (await stub.GetApp(pb.GetAppRequest(app="a"), metadata=meta)).model == "mymodel"
+                await ch.close()
+
+    run(scenario())
+    assert any("not in the profile table" in r.getMessage() and getattr(r, "fields", {}).get("model") == "mymodel"
+               for r in caplog.records)
