@@ -305,6 +305,8 @@ def test_the_local_demo_runs_both_apps_to_completion():
     summary = json.loads(text[text.index("{"):])
     assert code == 0 and all(a["finished"] for a in summary["apps"]), text
     assert summary["rounds"] >= 3 and "granted" in text
+    # both apps are bound to their models, so every report carried a work claim (D21) and none was refused
+    assert all(a["rejections"] == 0 for a in summary["apps"]), text
 
 
 def test_secrets_never_start_with_a_dash_so_command_lines_take_them():

@@ -34,13 +34,18 @@ machines = [{ gpus = 8, slots = 4, count = 2 }]
 """
 
 
+#: each demo app's model: its slowdowns, and what the admin binds its token to, so the arbiter ranks
+#: it by its work at the model's slowdowns (D21)
+DEMO_MODELS = {"vgg-search": "vgg16", "lm-search": "lm"}
+
+
 def demo_apps() -> dict[str, SuccessiveHalvingApp]:
     profiles = load_profiles()
     return {
         "vgg-search": SuccessiveHalvingApp([80, 100, 100, 120, 90, 110, 95, 105], [8, 16, 24, 36], job_demand_max=2,
-                                           slowdown=profiles["vgg16"].slowdown, grow_demand=True),
+                                           slowdown=profiles[DEMO_MODELS["vgg-search"]].slowdown, grow_demand=True),
         "lm-search": SuccessiveHalvingApp([60, 70, 65, 75], [10, 20, 40], job_demand_max=2,
-                                          slowdown=profiles["lm"].slowdown, grow_demand=True),
+                                          slowdown=profiles[DEMO_MODELS["lm-search"]].slowdown, grow_demand=True),
     }
 
 
@@ -70,7 +75,7 @@ async def _demo(seconds: float, mqtt: str | None, out=sys.stdout, *, speedup: fl
         runs = []
         for name, app in demo_apps().items():
             app.start_time = time.time()
-            token = await issue_token(target, name, "demo-admin")
+            token = await issue_token(target, name, "demo-admin", model=DEMO_MODELS[name])
             credential = await register(target, name, token)
             client = AgentClient(Agent(app), name, target, credential)
             jobs = EmulatedJobs(client, app, speedup=speedup)
