@@ -97,8 +97,9 @@ def time_left(phases: Sequence[PhaseWork], slowdown: Sequence[float]) -> float:
 def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, demand: int, elapsed: float,
                  n_avg: float, cluster_size: int) -> tuple[float, float]:
     """(rho, waiting rho) of an app from its checked ``claim`` at ``slowdown`` (D21): rho on what
-    it holds (infinity when it holds nothing), and D13's waiting rho on its fair share when it holds
-    nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds on rho (D7).
+    it holds (infinity when it holds nothing and has work left), and D13's waiting rho on its fair
+    share when it holds nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds
+    on rho (D7).
 
     :class:`BadWorkClaim` when the claim's T_id is not a finite time > 0: a B that passes
     :func:`check_claim` can still underflow to 0 over the app's GPUs (5e-324 / 4; rho would divide by
@@ -111,9 +112,11 @@ def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, dema
     since = max(0.0, elapsed)
     if held:
         return _bounded((since + time_left(claim.held, slowdown)) / t_id), 0.0
-    if demand <= 0 or not claim.share:
+    if demand <= 0:
         return math.inf, 0.0
     left = time_left(claim.share, slowdown)
+    if left == 0:  # nothing left to run: no GPU changes its rho, as the agent's own figure says
+        return _bounded(since / t_id), 0.0
     share = cluster_size / n_avg
     if share < 1:
         left /= share

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -250,3 +251,23 @@ def test_a_finished_search_still_holding_gpus_is_ranked_as_by_its_report():
         rnd.abandon()
     assert ranked["measured"].demand == 0
     assert ranked["measured"].rho == pytest.approx(ranked["reported"].rho, rel=1e-12)
+
+
+def test_an_app_holding_nothing_with_no_work_left_is_ranked_as_by_its_report():
+    """A job past its predicted end and not yet stopped (curve stopping) can leave an app that holds
+    nothing, still says it wants GPUs, and has no work left: its own rho is elapsed / T_id, finite,
+    and the arbiter ranked it at infinity, first of all (found in review). Both now say the same."""
+    idle = FixedJobsApp([JobInfo(1000.0, 1.0, SLOW, 2, "j0")])
+    idle.advance("j0", 1000.0)
+    assert idle.budget() > 0 and shared_time_left(idle, []) == 0
+    ranked = {}
+    for rank in ("reported", "measured"):
+        engine = _engine(rank)
+        engine.add_app("a", 0.0, slowdown=SLOW)
+        rnd = engine.open_round(500.0)
+        report = Agent(idle, name="a").report(next(r for r in rnd.requests if r.app == "a"))
+        rnd.report("a", replace(report, demand=2))  # the demand it still states
+        ranked[rank] = rnd._reports["a"].rho
+        rnd.abandon()
+    assert math.isfinite(ranked["reported"])
+    assert ranked["measured"] == pytest.approx(ranked["reported"], rel=1e-12)
