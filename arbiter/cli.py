@@ -28,6 +28,8 @@ import signal
 import sys
 from pathlib import Path
 
+from arbiter.rank import RANKS
+
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bid-timeout", type=float, help="seconds agents have to bid (default 2)")
     s.add_argument("--max-contenders", type=int,
                    help="bidders the auction takes per round, worst first; 0 = no cap (default 16, D20)")
-    s.add_argument("--rank", choices=("reported", "measured"),
+    s.add_argument("--rank", choices=RANKS,
                    help="what ranks the apps (D21): for apps an admin bound to a model (issue-token --model), "
                         "their claimed work at that model's slowdowns (measured, the default), or the rho "
                         "every app reports (reported)")

@@ -13,8 +13,10 @@ the work from the app (:class:`protos.messages.WorkClaim`) and applies the slowd
 
 which is Eq. 1 / Eq. 2 exactly as the agent computes it (``agent.fairness``), for the app's own
 allocation, with the arrival the arbiter saw and its own N_avg. An app that held nothing as the
-round opened has rho = infinity, and its waiting rho (D13) is the same formula on its fair share.
-The agent's own rho, including a claim of infinity, is then not used for the rank.
+round opened has rho = infinity (or, with no work left, elapsed / T_id, as its own figure says),
+and its waiting rho (D13) is the same formula on its fair share. The agent's own rho, including a
+claim of infinity, is then not used for the rank. One slowdown per app: a search whose trials run
+different models cannot be described by one profile, so bind only single-model searches.
 
 The claim is checked against what the arbiter knows: finite, non-negative times, no work at a
 locality level the allocation does not reach (an app holding one machine has no job spanning
@@ -30,14 +32,14 @@ from collections.abc import Sequence
 from arbiter.auction import RHO_MAX, RHO_MIN
 from protos.messages import WORK_COLUMNS, PhaseWork, WorkClaim
 
-__all__ = ["MAX_PHASES", "RANKS", "BadWorkClaim", "check_claim", "measured_rho", "time_left"]
+__all__ = ["MAX_PHASES", "RANKS", "BadWorkClaim", "check_claim", "check_rank", "measured_rho", "time_left"]
 
 #: Where the rho that ranks an app comes from (D21): its report, or its claimed work at slowdowns
 #: the arbiter knows.
 RANKS = ("reported", "measured")
 # Bounds a claim's size, not a search: Hyperband lists every bracket's rungs as phases, (s_max + 1)
 # (s_max + 2) / 2 of them (66 for R = 1,024 and eta = 2, which the first bound, 64, starved: its
-# every report was refused); 1,024 phases is s_max = 44, and about 3 ms of checking.
+# every report was refused); 1,024 phases admit s_max up to 43 (990), about 3 ms of checking.
 MAX_PHASES = 1024
 _SHARE_LEVEL = 1  # D13's fair share is packed on one machine: no job of it spans more
 
@@ -46,7 +48,16 @@ class BadWorkClaim(ValueError):
     """A work claim the arbiter cannot use; the message says what is wrong."""
 
 
+def check_rank(rank: str) -> str:
+    """``rank`` if it names one of :data:`RANKS`, else ValueError saying which there are."""
+    if rank not in RANKS:
+        raise ValueError(f"unknown rank {rank!r}; choose one of {', '.join(RANKS)} (D21)")
+    return rank
+
+
 def _phases(phases: object, what: str, deepest: int) -> tuple[PhaseWork, ...]:
+    """The claim's phases as floats, checked: at most MAX_PHASES, five finite times >= 0 each, and
+    no work at a locality level deeper than ``deepest`` (the allocation's, D1)."""
     if not isinstance(phases, (list, tuple)):
         raise BadWorkClaim(f"{what} must be a list of phases, got {type(phases).__name__}")
     if len(phases) > MAX_PHASES:

@@ -29,7 +29,7 @@ from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, validate_bid
 from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
 from arbiter.policies.base import Decision, Policy, RoundContext
-from arbiter.rank import RANKS, BadWorkClaim, check_claim, measured_rho
+from arbiter.rank import BadWorkClaim, check_claim, check_rank, measured_rho
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
 DEFAULT_LEASE_S = 600.0
@@ -133,8 +133,7 @@ class RoundEngine:
         seed: int = 0,
         rank: str = "reported",
     ):
-        if rank not in RANKS:
-            raise ValueError(f"unknown rank {rank!r}; choose one of {', '.join(RANKS)} (D21)")
+        check_rank(rank)
         if not lease_s > 0:
             raise ValueError(f"lease length must be > 0 seconds, got {lease_s}")
         if not coalesce_s >= 0:

@@ -52,7 +52,7 @@ from arbiter.events import (
     rounds_topic,
 )
 from arbiter.policies import POLICIES, make_policy
-from arbiter.rank import RANKS
+from arbiter.rank import check_rank
 from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult, cut_reason
 from arbiter.service_metrics import ServiceMetrics
 from arbiter.store import Store
@@ -120,8 +120,7 @@ class Settings:
                 or not 0 <= self.max_contenders <= MAX_CONTENDERS:
             raise ValueError(f"max_contenders must be an integer from 0 (no cap) to {MAX_CONTENDERS}, "
                              f"got {self.max_contenders!r}")
-        if self.rank not in RANKS:
-            raise ValueError(f"rank must be one of {', '.join(RANKS)} (D21), got {self.rank!r}")
+        check_rank(self.rank)
 
     def policy_object(self):
         options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None}
@@ -1004,14 +1003,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown model {_quote([request.model])[2:-2]!r}; the profile table has "
                                 f"{', '.join(sorted(self.profiles)) or 'none'} (serve --profiles FILE adds models)")
-        token = new_secret("reg")
-        self.store.add_token(token, request.app, "registration")
-        if request.model:
+        if request.model:  # before the token exists: a crash between the two leaves no token without it
             self.store.bind_model(request.app, request.model)
             self.models[request.app] = request.model
             if request.app in self.engine.apps:  # from the next round on (an open one keeps its own, D21)
                 self.engine.set_slowdown(request.app, self._slowdown_of(request.app))
             log.info("model bound", extra={"fields": {"app": request.app, "model": request.model}})
+        token = new_secret("reg")
+        self.store.add_token(token, request.app, "registration")
         return pb.IssueTokenReply(app=request.app, token=token)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:

@@ -247,6 +247,7 @@ class Store:
         self.db.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (app, model))
 
     def unbind_model(self, app: str) -> None:
+        """The app leaves for good (RemoveApp): a later app of the same name starts unbound."""
         self.db.execute("DELETE FROM models WHERE app = ?", (app,))
 
     def models(self) -> dict[str, str]:

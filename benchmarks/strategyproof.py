@@ -15,9 +15,10 @@ draw (D15: the round is run with the draw forced to win and to lose, weighted by
 averaged over ``--draws`` seeds for everything else (others' lotteries, leftover draws), with the
 same seeds for truth and lie. A lie "pays" when it raises that expectation by more than 1e-9.
 
-Every lie is tried under both ranks of D21: the liar ranked by the rho it reports (``reported``, as
-the service does) and by the rho the arbiter computes from its claimed work at its measured
-slowdowns (``measured``); truthful apps rank the same either way.
+Every lie is tried under both ranks of D21: the liar ranked by the rho it reports (``reported``, the
+paper's rank, and the service's for an app bound to no model) and by the rho the arbiter computes
+from its claimed work at its model's slowdowns (``measured``, the service's for an app bound to a
+model); truthful apps rank the same either way.
 
     python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--ranks reported,measured] [--out FILE]
 
@@ -56,8 +57,9 @@ from agent.fairness import finish_time_fairness  # noqa: E402
 from agent.placement import load_profiles  # noqa: E402
 from arbiter.cluster import load_cluster  # noqa: E402
 from arbiter.policies import make_policy  # noqa: E402
+from arbiter.rank import RANKS, check_rank  # noqa: E402
 from arbiter.rounds import RoundEngine  # noqa: E402
-from simulator.strategic import RANKS, StrategicAgent, check_rank, make_strategy  # noqa: E402
+from simulator.strategic import StrategicAgent, make_strategy  # noqa: E402
 
 CLUSTER = "sim-256"
 NOW = 4 * 3600.0

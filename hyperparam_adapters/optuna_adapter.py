@@ -413,13 +413,15 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         self.touch()
         return taken
 
-    def fail(self, job_id: str) -> None:
-        """The job died (the runner gave up on it): tell Optuna FAIL and free its lane."""
+    def fail(self, job_id: str) -> list[str]:
+        """The job died (the runner gave up on it): tell Optuna FAIL and free its lane. Returns the
+        jobs to stop, as the other adapters' ``fail`` does (none: the failed job is not running)."""
         trial = self._running.get(job_id)
         if trial is None:
             raise KeyError(f"{job_id!r} is not a running trial of this app")
         self._finish(job_id, self.study.tell(trial, state=TrialState.FAIL).state)
         self.touch()
+        return []
 
     def _finish(self, job_id: str, state: TrialState) -> None:
         del self._running[job_id]

@@ -80,7 +80,7 @@ class RhoReport:
 #: The columns of one phase's work in a :class:`WorkClaim` (D21): the time, at slowdown 1, of the
 #: phase's slowest job among those on one GPU (no slowdown applies) and among those whose GPUs span
 #: one slot, one machine, one rack, or several racks (the D1 levels 0-3).
-WORK_COLUMNS = ("one_gpu", "slot", "machine", "rack", "cluster")
+WORK_COLUMNS = ("one_gpu", "slot", "machine", "rack", "racks")
 PhaseWork = tuple[float, float, float, float, float]
 
 

@@ -34,12 +34,12 @@ from rich.table import Table
 
 from arbiter.cluster import ClusterFileError
 from arbiter.policies import POLICIES
+from arbiter.rank import RANKS
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S, RESPLITS
 from simulator.metrics import write_summary
 from simulator.run_store import RunStore
 from simulator.runs import run_seeds, simulate
-from simulator.strategic import RANKS
 from simulator.workloads import known_workloads
 
 DEFAULT_POLICIES = "themis,gandiva,tiresias,optimus,slaq"

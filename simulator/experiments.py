@@ -283,7 +283,8 @@ def fig15(setup: Setup) -> dict[str, Any]:
     ranked by its reported rho (the paper's rank, the top level of the result) and by the rho the
     arbiter computes with measured slowdowns (``measured_rank``, D21, the service's rank for an app
     bound to a model; ``rank-measured/``)."""
-    from simulator.strategic import RANKS, run_strategic
+    from arbiter.rank import RANKS
+    from simulator.strategic import run_strategic
 
     levels = [0, 25, 50, 100] if setup.quick else [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
     trace = _identical_apps_trace(setup.out)

@@ -44,7 +44,7 @@ from agent.appsched import AppScheduler, CurveStoppingScheduler, JobInfo, Succes
 from agent.bidding import make_bid
 from agent.fairness import TimeLeftCache
 from agent.placement import Position, Slowdown
-from arbiter.rank import RANKS
+from arbiter.rank import check_rank
 from arbiter.rounds import DEFAULT_COALESCE_S
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 from simulator.engine import DEFAULT_RESTART_S
@@ -335,12 +335,6 @@ def make_strategy(name: str, level: float, seed: int | str = 0) -> BiddingStrate
         return STRATEGIES[name](level, seed)
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(sorted(STRATEGIES))}") from None
-
-
-def check_rank(rank: str) -> str:
-    if rank not in RANKS:
-        raise ValueError(f"unknown rank {rank!r}; choose one of {', '.join(RANKS)} (D21)")
-    return rank
 
 
 def liar_factory(liars: set[str], name: str, level: float, seed: int = 0):

@@ -305,8 +305,12 @@ def test_the_local_demo_runs_both_apps_to_completion():
     summary = json.loads(text[text.index("{"):])
     assert code == 0 and all(a["finished"] for a in summary["apps"]), text
     assert summary["rounds"] >= 3 and "granted" in text
-    # both apps are bound to their models, so every report carried a work claim (D21) and none was refused
-    assert all(a["rejections"] == 0 for a in summary["apps"]), text
+    # both apps are bound to their models, so every report carried a work claim (D21), and none was
+    # refused (a late report on a busy machine is another matter)
+    from themis_demo.service import DEMO_MODELS
+
+    assert {a["app"]: a["model"] for a in summary["apps"]} == DEMO_MODELS, text
+    assert all(a["claims_refused"] == 0 for a in summary["apps"]), text
 
 
 def test_secrets_never_start_with_a_dash_so_command_lines_take_them():

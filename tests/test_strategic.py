@@ -179,7 +179,7 @@ def test_a_liar_keeps_its_remaining_times_between_rounds_only_while_its_app_is_u
     a = app()
     liar = StrategicAgent(a, make_strategy("misestimate", 20, seed=3))
     spread = {g: CLUSTER.position(g) for g in ("r6-m24-g0", "r6-m25-g0")}
-    request = RhoRequest(1, "liar", 100.0, 2.0, 256, spread, frozenset({"work"}))
+    request = RhoRequest(1, "liar", 100.0, 2.0, 256, spread)
 
     def fresh():  # the same liar with nothing kept
         twin = StrategicAgent(a, make_strategy("misestimate", 20, seed=3))

@@ -86,7 +86,9 @@ async def _demo(seconds: float, mqtt: str | None, out=sys.stdout, *, speedup: fl
         for name, app, client, jobs, runner, job_task in runs:
             summary.append({"app": name, "finished": jobs.finished_at is not None,
                             "completion_s": round(jobs.finished_at - app.start_time, 1) if jobs.finished_at else None,
-                            "connects": client.connects, "rejections": len(client.rejections)})
+                            "connects": client.connects, "rejections": len(client.rejections),
+                            "model": server.service.models.get(name),
+                            "claims_refused": sum("work" in r.reason for r in client.rejections)})
             client.stop()
             job_task.cancel()
         await asyncio.gather(*(r[4] for r in runs), *(r[5] for r in runs), return_exceptions=True)
