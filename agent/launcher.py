@@ -61,7 +61,7 @@ import re
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,11 +128,12 @@ def training_command(given: Any) -> list[str]:
     if isinstance(given, os.PathLike):
         raise TypeError(f"the training command must be a list of arguments, not the path {os.fspath(given)!r}: "
                         f"pass e.g. [sys.executable, {os.fspath(given)!r}]")
-    if not isinstance(given, Sequence):
+    if not isinstance(given, Iterable):
         raise TypeError(f"the training command must be a list of arguments, not {type(given).__name__} {given!r}")
-    if not given:
+    argv = [str(a) for a in given]  # a command function may return any iterable (a generator, a map)
+    if not argv:
         raise ValueError("the training command is empty: pass e.g. [sys.executable, 'train.py']")
-    return [str(a) for a in given]
+    return argv
 
 
 def _position_of(gpu: str) -> Position:
@@ -280,7 +281,7 @@ class Launcher:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self.app, self.cluster, self.mqtt, self.report = app, cluster, mqtt, report
         if not callable(argv):
-            training_command(argv)
+            argv = training_command(argv)  # kept as a list: a one-shot iterable would run once
         self._argv = argv
         self.workdir = Path(workdir)
         if run_id is not None and (not _JOB_ID.match(run_id) or run_id in (".", "..")):
