@@ -963,10 +963,11 @@ def test_a_second_arbiter_on_the_same_journal_or_port_is_refused_by_name(tmp_pat
 
 
 def test_a_release_that_races_a_lease_expiry_still_frees_the_gpus_the_app_holds(tmp_path):
-    """A Release naming a GPU whose lease has just run out (nobody holds it now) used to be refused
-    whole, and the GPUs it also named and still held sat idle until their own leases ran out (seen
-    as "does not hold" in the Optuna example). Now what the app holds is released; a GPU nobody
-    holds needs nothing; one of another app, or no GPU at all, is refused by name."""
+    """A Release naming a GPU nobody holds -- as when its lease has just run out; here one never
+    leased, which the arbiter cannot tell apart -- used to be refused whole, and the GPUs it also
+    named and still held sat idle until their own leases ran out (seen as "does not hold" in the
+    Optuna example). Now what the app holds is released; a GPU nobody holds needs nothing; one of
+    another app, or no GPU at all, is refused by name."""
     async def scenario():
         async with arbiter(tmp_path, lease_s=60.0, fairness_knob=0.0) as server:
             engine = server.service.engine
