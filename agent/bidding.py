@@ -239,7 +239,7 @@ def candidate_sets(
     alternatives: int = DEFAULT_ALTERNATIVES,
     previous: Mapping[str, Position] | None = None,
     salt: str = "",
-    single_rows: int = SINGLE_ROWS,
+    single_rows: int | None = None,
 ) -> list[frozenset[str]]:
     """The GPU subsets worth bidding on, best locality first within each container (D1, D7).
 
@@ -264,6 +264,8 @@ def candidate_sets(
     machines = shape.level("machine", frozenset(m for m in near_machines if m in shape.machine_free), salt)
     racks = shape.level("rack", frozenset(r for r in near_racks if r in shape.rack_free), salt)
     total = len(offer_gpus)
+    if single_rows is None:
+        single_rows = SINGLE_ROWS
     for k in counts:
         if k > total:
             break

@@ -101,6 +101,7 @@ class AuctionOutcome:
     solves: int = 0
     contenders: tuple[str, ...] = ()
     canonical: bool = True
+    shadows: tuple[str, ...] = ()  # contenders shut out by the big smallest rows of those before them (D25)
 
 
 def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int = MAX_ROWS) -> None:
@@ -993,6 +994,80 @@ def lottery_draw(seed: int, app: str) -> float:
     return random.Random(f"lottery:{seed}:{app}").random()
 
 
+@dataclass(frozen=True)
+class Admission:
+    """Who contends in a round's auction (D25), each list in priority order.
+
+    ``admitted`` take part in the PF allocation; ``shadows`` contend but were shut out by the big
+    smallest rows of contenders admitted before them; ``contenders`` is everyone who contended
+    (admitted, shadows, and those whose own smallest row fits next to nobody's)."""
+
+    admitted: tuple[str, ...]
+    shadows: tuple[str, ...]
+    contenders: tuple[str, ...]
+    smallest: Mapping[str, int]  # each contender's smallest useful row, in GPUs
+
+
+def admit(order: Sequence[str], values: Mapping[str, list[tuple[int, int, int]]], offered: int,
+          max_contenders: int | None = None) -> Admission:
+    """D25: who contends, and who of them takes part in the PF allocation.
+
+    In priority order, each bidder with a useful row contends until ``max_contenders`` contend (D20)
+    or |offered| have been admitted; the bidders after that wait for leftover GPUs (D9's first tier).
+    A contender is admitted to the PF when its smallest useful row fits in what the smallest rows
+    of those admitted before it leave of the offer: then every admitted contender fits by size, and
+    the Nash convention no longer zeroes the winner ranked first for a lower-ranked table whose rows
+    start at two GPUs, or for a spoiler's worthless big row (the audit's hand-made rounds). A
+    contender that does not fit has had its auction and is not served; it takes no part in D9's
+    first tier, so hiding small rows to leave the auction pays nothing.
+
+    Who is to blame for a contender that does not fit is decided by a count a bidder cannot move:
+    if its smallest row fits next to one GPU for each contender admitted before it, it was shut
+    out by their big smallest rows (a *shadow*: those of them whose smallest row is above one GPU
+    are answerable for it in their hidden payment, :func:`_shadow_payments`); otherwise by its own.
+    So an app that hides its small rows to shut out the contenders behind it is the one that pays."""
+    admitted: list[str] = []
+    shadows: list[str] = []
+    contenders: list[str] = []
+    smallest: dict[str, int] = {}
+    used = 0
+    cap = math.inf if max_contenders is None else max_contenders
+    for app in order:
+        rows = values.get(app)
+        if not rows:
+            continue
+        if len(admitted) >= offered or len(contenders) >= cap:
+            break
+        contenders.append(app)
+        size = smallest[app] = min(mask.bit_count() for mask, _, _ in rows)
+        if size + used <= offered:
+            admitted.append(app)
+            used += size
+        elif size + len(admitted) <= offered:
+            shadows.append(app)
+    return Admission(tuple(admitted), tuple(shadows), tuple(contenders), smallest)
+
+
+def _shadow_payments(admission: Admission, values: Mapping[str, list[tuple[int, int, int]]],
+                     pf_masks: Mapping[str, int], footprint: int, c: dict[str, float]) -> None:
+    """D25: a winner whose smallest row is above one GPU gets c_i = 0 when a shadow ranked after it
+    has a row inside the winner's PF row and the GPUs nobody's PF row took: with the winner's row
+    given up, the shadow would be served while every other winner keeps its own, so the winner's
+    big minimum is what kept it out -- the zero of D8, charged to the table that caused it."""
+    if not admission.shadows:
+        return
+    place = {a: k for k, a in enumerate(admission.contenders)}
+    idle = footprint
+    for mask in pf_masks.values():
+        idle &= ~mask
+    for app, mask in pf_masks.items():
+        if admission.smallest.get(app, 1) <= 1 or c.get(app, 0.0) == 0.0:
+            continue
+        room = mask | idle
+        if any(place[k] > place[app] and any((m & ~room) == 0 for m, _, _ in values[k]) for k in admission.shadows):
+            c[app] = 0.0
+
+
 def run_auction(
     offered: frozenset[str],
     bids: Mapping[str, BidTable],
@@ -1026,9 +1101,8 @@ def run_auction(
         raise ValueError(f"priority must list every bidder once, got extras {strays[:5]}")
     gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
     values = _log_values(bids, gpu_bit)
-    limit = len(offered) if max_contenders is None else min(len(offered), max_contenders)
-    contenders = tuple([a for a in order if a in values][:limit])
-    weighted = _weighted({a: values[a] for a in contenders})
+    admission = admit(order, values, len(offered), max_contenders)
+    weighted = _weighted({a: values[a] for a in admission.admitted})
 
     pf: dict[str, frozenset[str]] = {}
     pf_rho: dict[str, float] = {}
@@ -1049,6 +1123,11 @@ def run_auction(
         solves += solver_.solves
         canonical &= solver_.canonical
 
+    footprint = 0
+    for app in admission.contenders:
+        for mask, _, _ in values[app]:
+            footprint |= mask
+    _shadow_payments(admission, values, {a: sum(gpu_bit[g] for g in gpus) for a, gpus in pf.items()}, footprint, c)
     granted = {app: pf[app] for app in sorted(pf) if lottery_draw(seed, app) < c[app]}
     used = frozenset().union(*granted.values()) if granted else frozenset()
     return AuctionOutcome(
@@ -1058,6 +1137,7 @@ def run_auction(
         leftover=offered - used,
         pf_rho=pf_rho,
         solves=solves,
-        contenders=contenders,
+        contenders=admission.contenders,
         canonical=canonical,
+        shadows=admission.shadows,
     )

@@ -84,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
-        rank=args.rank, profiles=tuple(Path(p) for p in args.profiles),
+        rank=args.rank, reclaim=args.reclaim, profiles=tuple(Path(p) for p in args.profiles),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("themis-arbiter: --tls-cert and --tls-key go together")
@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="what ranks the apps (D21): for apps an admin bound to a model (issue-token --model), "
                         "their claimed work at that model's slowdowns (measured, the default), or the rho "
                         "every app reports (reported)")
+    s.add_argument("--no-reclaim", dest="reclaim", action="store_const", const=False, default=None,
+                   help="let every lease run to its end; by default a round ends the leases an app holds "
+                        "beyond its fair share while an app that holds nothing waits (D27)")
     s.add_argument("--profiles", action="append", default=[], metavar="FILE",
                    help="a slowdown table (agent/profiles/slowdowns.toml's form) adding models to bind apps to; "
                         "repeatable")

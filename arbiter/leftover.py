@@ -4,9 +4,9 @@ First, the reserve -- the apps offered GPUs beyond the auction's bidders (D14) -
 in rank order, worst first, each the row of its own bid it values most among those that fit
 (:func:`serve_queue`): a winner's hidden payment goes to the next starving apps in rank order
 before anyone else, and by their bids, not by a draw.
-Then the rest goes at random to apps that were not offered GPUs this round and still have unmet
-demand, never beyond an app's demand; if none remain, to the apps that bid and got nothing yet this
-round. An app drawn takes what it still wants at once, its own previous GPUs first, then
+Then the rest goes, in rank order (worst off first, D26), to apps that were not offered GPUs this
+round and still have unmet demand, never beyond an app's demand; if none remain, to the apps that
+bid and got nothing yet this round. An app drawn takes what it still wants at once, its own previous GPUs first, then
 best-placed (D1), inside the slot, machine or rack of what it keeps, so that a gift never spreads
 (and slows) its job. A GPU stays idle only when every app that wants more got GPUs this round, has
 no room for it there, or was offered GPUs and sent no valid bid.
@@ -20,7 +20,6 @@ one follow-up round (D10), so an agent that missed a deadline does not wait for 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from arbiter.auction import row_value, take_gpus
@@ -68,15 +67,16 @@ def hand_out_leftover(
     unmet: Mapping[str, int],
     bids: Mapping[str, BidTable],
     *,
-    rng: random.Random,
+    order: Sequence[str],
     position: Callable[[str], Position],
     previous: Mapping[str, frozenset[str]] | None = None,
     offered: Iterable[str] = (),
     served: Iterable[str] = (),
     held: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, frozenset[str]]:
-    """Grants of leftover GPUs (D9), tier by tier in a seeded random order: the apps that got no
-    offer, then the apps that bid; an app offered GPUs that did not bid takes nothing (D22). ``unmet``
+    """Grants of leftover GPUs (D9), tier by tier, each in ``order`` (the round's rank, worst off
+    first, D26): the apps that got no offer, then the apps that bid; an app offered GPUs that did
+    not bid takes nothing (D22). ``unmet``
     is each app's demand after the earlier grants; apps in ``served`` take nothing here (Themis
     passes those that got GPUs this round and those that had their turn in tier 1). An app takes what it still wants at once, its previous
     GPUs first, then best-placed (D1), but only inside the smallest slot, machine or rack that holds
@@ -86,12 +86,10 @@ def hand_out_leftover(
     done = set(served) | (set(offered) - set(bids))
     want = {app: n for app, n in unmet.items() if n > 0 and app not in done}
     grants: dict[str, frozenset[str]] = {}
-    tiers = (
-        sorted(a for a in want if a not in bids),
-        sorted(a for a in want if a in bids),
-    )
+    place = {app: k for k, app in enumerate(order)}
+    ranked = sorted(want, key=lambda a: (place.get(a, len(place)), a))
+    tiers = ([a for a in ranked if a not in bids], [a for a in ranked if a in bids])
     for eligible in tiers:
-        rng.shuffle(eligible)
         for app in eligible:
             if not pool:
                 return grants

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
-from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, validate_bid
+from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, keep_best_locality, validate_bid
 from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
+from arbiter.lottery import RoundSeeds, commitment
 from arbiter.policies.base import Decision, Policy, RoundContext
 from arbiter.rank import BadWorkClaim, check_claim, check_rank, measured_rho
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
@@ -72,19 +73,24 @@ class RoundResult:
     idle: frozenset[str]  # free GPUs nobody got this round
     unmet: Mapping[str, int] = field(default_factory=dict)  # demand beyond holdings as the round opened
     unmet_after: Mapping[str, int] = field(default_factory=dict)
-    expired: tuple[Lease, ...] = ()  # leases that ran out when the round opened
+    expired: tuple[Lease, ...] = ()  # leases that ran out when the round opened (reclaimed ones included)
+    reclaimed: tuple[Lease, ...] = ()  # of those, leases beyond a fair share ended early for starving apps (D27)
     granted_by: Mapping[str, int] = field(default_factory=dict)  # GPUs per source (Decision.granted_by)
+    seed: str = ""  # the round's seed, every draw's source (D24): revealed once the round has closed
+    commitment: str = ""  # SHA-256 of ``seed``, sent with the rho requests before anyone bid (D24)
 
 
 @dataclass(frozen=True)
 class AppRecord:
     """An app as the engine keeps it: when it arrived, the contention integral then (D5), the
-    GPU-seconds it has held, and the demand it last stated."""
+    GPU-seconds it has held, the demand it last stated, and the most GPUs it has stated it could use
+    or held at once (what a measured rank takes as its demand_max at most, D28)."""
 
     arrived: float
     contention_at_arrival: float
     attained: float
     demand: int | None
+    most: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,11 @@ class _AppState:
     contention_at_arrival: float
     attained: float = 0.0  # GPU-seconds held up to the engine's clock
     demand: int | None = None  # GPUs it could use, as it last said; None until it says
+    most: int = 0  # the most GPUs it has said it could use, or held, at once (D28)
+
+    def said(self, demand: int, held: int) -> None:
+        self.demand = demand
+        self.most = max(self.most, demand, held)
 
 
 class RoundEngine:
@@ -132,6 +143,8 @@ class RoundEngine:
         expiry_window_s: float | None = None,
         seed: int = 0,
         rank: str = "reported",
+        secret: bytes | None = None,
+        reclaim: bool = True,
     ):
         check_rank(rank)
         if not lease_s > 0:
@@ -148,6 +161,8 @@ class RoundEngine:
         self.coalesce_s = coalesce_s
         self.expiry_window_s = max(coalesce_s, expiry_window_s)
         self.seed = seed
+        #: D24: each round's seed, from ``seed`` (public: a simulation) or a ``secret`` (a service)
+        self.seeds = RoundSeeds(seed, secret)
         self.leases = LeaseTable()
         self.apps: dict[str, _AppState] = {}
         self.round_id = 0
@@ -162,6 +177,10 @@ class RoundEngine:
         #: work at those slowdowns (``arbiter.rank``); "reported" by the rho it reports.
         self.rank = rank
         self.slowdowns: dict[str, tuple[float, float, float, float]] = {}
+        #: D27: a round ends the leases an app holds beyond its fair share when apps that hold
+        #: nothing would otherwise wait for an expiry -- once for each such app until it holds GPUs
+        self.reclaim = reclaim
+        self.reclaimed_for: set[str] = set()
 
     # -- durable state and a changing cluster ------------------------------------------------
 
@@ -172,7 +191,8 @@ class RoundEngine:
             contention=self._contention,
             round_id=self.round_id,
             pending_since=self._pending_since,
-            apps={a: AppRecord(s.arrived, s.contention_at_arrival, s.attained, s.demand) for a, s in self.apps.items()},
+            apps={a: AppRecord(s.arrived, s.contention_at_arrival, s.attained, s.demand, s.most)
+                  for a, s in self.apps.items()},
             leases=tuple(sorted(self.leases, key=lambda lease: lease.gpu)),
             drained=frozenset(self.drained),
             added_machines=tuple(self.added_machines),
@@ -200,7 +220,8 @@ class RoundEngine:
         # and its free GPUs must not wait for the next lease expiry.
         self.round_id, self._pending_since = state.round_id, state.clock
         for app, rec in state.apps.items():
-            self.apps[app] = _AppState(rec.arrived, rec.contention_at_arrival, rec.attained, rec.demand)
+            self.apps[app] = _AppState(rec.arrived, rec.contention_at_arrival, rec.attained, rec.demand,
+                                       max(rec.most, rec.demand or 0))
         self.leases = LeaseTable(state.leases)
         self.drained = set(state.drained) & set(self.cluster.machines)
 
@@ -260,7 +281,7 @@ class RoundEngine:
             self.set_slowdown(app, slowdown)
         self._advance(now)
         self.apps[app] = _AppState(now, self._contention)
-        if self.free_gpus():
+        if self.free_gpus() or self.borrowed():
             self._note(now)
 
     def set_slowdown(self, app: str, slowdown: tuple[float, float, float, float] | None) -> None:
@@ -333,9 +354,10 @@ class RoundEngine:
         if isinstance(demand, bool) or not isinstance(demand, int) or demand < 0:
             raise ValueError(f"{app!r}: demand must be an integer >= 0, got {demand!r}")
         before = state.demand
-        state.demand = demand
         held = len(self.leases.held_by(app))
-        if demand > held and (before is None or before <= held or demand > before) and self.free_gpus():
+        state.said(demand, held)
+        if demand > held and (before is None or before <= held or demand > before) and (
+                self.free_gpus() or (not held and self.borrowed())):
             self._note(now)
 
     def note_ready(self, app: str, now: float) -> None:
@@ -344,7 +366,7 @@ class RoundEngine:
         restart, when the agents come back after the restart's own round."""
         if app not in self.apps:
             raise UnknownApp(app)
-        if self.wants_more(app) and self.free_gpus():
+        if self.wants_more(app) and (self.free_gpus() or (not self.held(app) and self.borrowed())):
             self._note(now)
 
     def wants_more(self, app: str) -> bool:
@@ -352,6 +374,53 @@ class RoundEngine:
         not said what it wants yet (D6)."""
         state = self.apps[app]
         return state.demand is None or state.demand > len(self.leases.held_by(app))
+
+    def starving(self) -> list[str]:
+        """The apps that hold nothing and want GPUs (or have not said what they want), by name."""
+        return sorted(a for a in self.apps if not self.leases.held_by(a) and self.wants_more(a))
+
+    def borrowed(self) -> list[Lease]:
+        """D27: the leases a round opening now would end early, so that the apps that hold nothing
+        get up to their fair share without waiting for an expiry.
+
+        An app's fair share is the cluster over the apps, R_C / N (D13's waiting rho assumes the
+        same). A lease protects what an app holds up to its share for the whole lease; what it
+        holds beyond that it was lent because nobody else wanted it (work conservation), and it
+        keeps that only while nobody who holds nothing is waiting. The starving apps' need -- each
+        its demand, at most its share and at least one GPU -- less the free GPUs is taken from the
+        apps furthest above their share first (ties by name), each keeping its best-placed GPUs
+        (D1); never a GPU on a drained machine, which would free nothing. The round then
+        re-auctions those GPUs like expired ones: their holder bids for them as its previous GPUs
+        (D10, D17), so a GPU the starving apps do not take goes back without a restart. Each
+        starving app is reclaimed for once, until it holds GPUs again: an app the round then did
+        not serve (it lost the lottery, or a baseline's order passed it over) waits for an expiry
+        like any other, and no GPU is moved round after round for it."""
+        if not self.reclaim:
+            return []
+        starving = [a for a in self.starving() if a not in self.reclaimed_for]
+        if not starving:
+            return []
+        share = self.cluster.size / len(self.apps)
+        per_app = max(1, math.floor(share))
+        need = sum(min(per_app, max(1, self.apps[a].demand or per_app)) for a in starving) - len(self.free_gpus())
+        if need <= 0:
+            return []
+        cap = math.ceil(share)
+        donors = sorted((a for a in self.apps if len(self.leases.held_by(a)) > cap),
+                        key=lambda a: (-len(self.leases.held_by(a)), a))
+        out: list[Lease] = []
+        for app in donors:
+            if need <= 0:
+                break
+            held = self.leases.held_by(app)
+            mine = sorted(g for g in held if self.cluster.gpus[g].machine not in self.drained)
+            k = min(len(held) - cap, need, len(mine))
+            if k <= 0:
+                continue
+            kept = keep_best_locality(mine, len(mine) - k, self.cluster.position)
+            out.extend(self.leases.lease(g) for g in mine if g not in kept)
+            need -= k
+        return out
 
     def next_wakeup(self) -> float | None:
         """The earliest time a round may be due (D10): a pending event plus the coalescing window,
@@ -386,10 +455,16 @@ class RoundEngine:
         if self._open is not None:
             raise RuntimeError(f"round {self._open.round_id} is still open")
         self._advance(now)
-        expired = tuple(sorted(self.leases.expire(now), key=lambda lease: lease.gpu))
+        ran_out = self.leases.expire(now)
+        reclaimed = self.borrowed()
+        starving = set(self.starving())
+        self.reclaimed_for = (self.reclaimed_for & starving) | (starving if reclaimed else set())
+        for lease in reclaimed:
+            self.leases.release(lease.app, [lease.gpu])
+        expired = tuple(sorted(ran_out + reclaimed, key=lambda lease: lease.gpu))
         self._pending_since = None
         self.round_id += 1
-        self._open = OpenRound(self, self.round_id, now, expired)
+        self._open = OpenRound(self, self.round_id, now, expired, tuple(sorted(reclaimed, key=lambda x: x.gpu)))
         return self._open
 
     def _closed(self) -> None:
@@ -431,11 +506,15 @@ class InvalidReport(ValueError):
 class OpenRound:
     """One round between :meth:`RoundEngine.open_round` and :meth:`close`."""
 
-    def __init__(self, engine: RoundEngine, round_id: int, now: float, expired: tuple[Lease, ...] = ()):
+    def __init__(self, engine: RoundEngine, round_id: int, now: float, expired: tuple[Lease, ...] = (),
+                 reclaimed: tuple[Lease, ...] = ()):
         self.engine = engine
         self.expired = expired
+        self.reclaimed = reclaimed
         self.round_id = round_id
         self.now = now
+        self.seed = engine.seeds.of(round_id)  # D24: every draw of the round comes from it
+        self.commitment = commitment(self.seed)
         self.free = engine.free_gpus()
         previous: dict[str, set[str]] = {}
         for lease in expired:
@@ -460,6 +539,7 @@ class OpenRound:
                 cluster.size,
                 {g: cluster.position(g) for g in sorted(self.held_at_open(app))},
                 extras | WORK if app in self.by_work else extras,
+                self.commitment,
             )
             for app in sorted(engine.apps)
             if engine.wants_more(app)
@@ -473,7 +553,7 @@ class OpenRound:
         self._ranked = 0
         self._bids: dict[str, BidTable] = {}
         self.rejected: dict[str, str] = {}
-        self._rng = random.Random(f"{engine.seed}:{round_id}")
+        self._rng = random.Random(self.seed)
 
     def held_at_open(self, app: str) -> frozenset[str]:
         """What the app held as the round opened: its leases, and those that ran out at this round
@@ -504,7 +584,7 @@ class OpenRound:
             raise InvalidReport(f"{app!r}: rho_wait must be a number within [0, {RHO_MAX:g}] (D13: finite), "
                                 f"got {wait!r}")
         self._reports[app] = report
-        self.engine.apps[app].demand = demand
+        self.engine.apps[app].said(demand, len(self.held_at_open(app)))
 
     def _rank_by_work(self, app: str, report: RhoReport) -> RhoReport:
         """The report with the rho and waiting rho the arbiter computes from the app's claimed work
@@ -520,6 +600,11 @@ class OpenRound:
             held, n_avg, size = self.held_at_open(app), engine.n_avg(app, self.now), engine.cluster.size
         try:
             claim = check_claim(report.work, len(held), engine.cluster.locality(held) if held else 0)
+            # D28: Eq. 1's demand_max is the most GPUs the app can use at once; the arbiter takes at
+            # most what it has asked for (its stated demands) or held, not a number it only claims
+            most = max(engine.apps[app].most, report.demand, len(held))
+            if claim.demand_max > most:
+                claim = replace(claim, demand_max=max(1, most))
             rho, wait = measured_rho(claim, self.by_work[app], held=len(held), demand=report.demand,
                                      elapsed=self.now - engine.apps[app].arrived, n_avg=n_avg, cluster_size=size)
         except BadWorkClaim as exc:
@@ -554,6 +639,7 @@ class OpenRound:
             previous=self.previous,
             offered=tuple(self._offers or ()),
             ranked=self._ranked,
+            round_seed=self.seed,
         )
 
     def offers(self) -> dict[str, Offer]:
@@ -674,7 +760,10 @@ class OpenRound:
                 unmet=dict(ctx.unmet),
                 unmet_after={a: n for a, n in unmet_after.items() if n > 0},
                 expired=self.expired,
+                reclaimed=self.reclaimed,
                 granted_by=decision.granted_by() if decision else {},
+                seed=self.seed,
+                commitment=self.commitment,
             )
         except BaseException:
             self._undo(made)  # a failed round grants nothing and takes nothing away

@@ -67,6 +67,7 @@ class ServerConfig:
     heartbeat_s: float | None = None
     max_contenders: int | None = None
     rank: str | None = None
+    reclaim: bool | None = None
     # slowdown tables added to the shipped one (agent/profiles/slowdowns.toml's form): the models
     # IssueToken may bind an app to (D21)
     profiles: tuple[Path, ...] = ()
@@ -133,7 +134,7 @@ class ArbiterServer:
         settings.check()
         engine = RoundEngine(cluster, settings.policy_object(), lease_s=settings.lease_s,
                              coalesce_s=settings.coalesce_s, expiry_window_s=settings.expiry_window_s,
-                             rank=settings.rank)
+                             rank=settings.rank, secret=store.lottery_secret(), reclaim=settings.reclaim)
         if loaded is not None:
             engine.restore(loaded[0])
             log.info("journal restored", extra={"fields": {

@@ -77,6 +77,7 @@ MAX_CLUSTER_GPUS = 4096  # GPUs in the whole cluster after AddMachine
 MAX_ADDED_MACHINES = 256
 MAX_APPS = 10_000  # apps known to the arbiter (registered or running): rows per journal write
 MAX_OPEN_TOKENS = 16  # unused registration tokens per app
+RECLAIMED = "reclaimed: beyond the app's fair share while an app that holds nothing waits (D27)"
 MAX_HISTORY = 10_000  # RoundHistory limit (the journal keeps that many rounds)
 LEASE_RANGE_S = (1.0, 30 * 86400.0)
 GOODBYE_WAIT_S = 1.0  # a write that takes longer means flow control holds it: the agent is not reading
@@ -104,6 +105,9 @@ class Settings:
     # D21: "measured" ranks an app bound to a model (IssueToken) by its claimed work at that model's
     # slowdowns (apps bound to none by their report); "reported" ranks every app by its report.
     rank: str = "measured"
+    # D27: a round ends the leases an app holds beyond its fair share while an app that holds nothing
+    # waits (once per such app); False lets every lease run to its end.
+    reclaim: bool = True
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -121,6 +125,8 @@ class Settings:
             raise ValueError(f"max_contenders must be an integer from 0 (no cap) to {MAX_CONTENDERS}, "
                              f"got {self.max_contenders!r}")
         check_rank(self.rank)
+        if not isinstance(self.reclaim, bool):
+            raise ValueError(f"reclaim must be true or false, got {self.reclaim!r}")
 
     def policy_object(self):
         options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None}
@@ -625,15 +631,17 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     def _announce(self, result: RoundResult, summary: dict[str, Any]) -> None:
         """Grants and revocations to the agents, and the round's events (after the journal)."""
         regained = {(g.app, gpu) for g in result.grants for gpu in g.gpus}
-        lost: dict[str, list[str]] = {}
+        reclaimed = {lease.gpu for lease in result.reclaimed}
+        lost: dict[tuple[str, str], list[str]] = {}
         for lease in result.expired:
             if (lease.app, lease.gpu) not in regained:
-                lost.setdefault(lease.app, []).append(lease.gpu)
-        for app, gpus in sorted(lost.items()):
-            self._send(app, pb.ArbiterMessage(revocation=pb.Revocation(gpus=sorted(gpus), reason="lease expired",
+                reason = RECLAIMED if lease.gpu in reclaimed else "lease expired"
+                lost.setdefault((lease.app, reason), []).append(lease.gpu)
+        for (app, reason), gpus in sorted(lost.items()):
+            self._send(app, pb.ArbiterMessage(revocation=pb.Revocation(gpus=sorted(gpus), reason=reason,
                                                                        round_id=result.round_id)))
             self.bus.publish(app_revocations_topic(self.cluster, app),
-                             {"gpus": sorted(gpus), "reason": "lease expired", "round_id": result.round_id})
+                             {"gpus": sorted(gpus), "reason": reason, "round_id": result.round_id})
         position = self.engine.cluster.position
         for grant in result.grants:
             gpus = {g: position(g) for g in sorted(grant.gpus)}
@@ -1080,7 +1088,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         return pb.Settings(policy=s.policy, fairness_knob=s.fairness_knob, lease_s=s.lease_s,
                            coalesce_s=s.coalesce_s, expiry_window_s=self.engine.expiry_window_s,
                            report_timeout_s=s.report_timeout_s, bid_timeout_s=s.bid_timeout_s,
-                           max_contenders=s.max_contenders, rank=s.rank)
+                           max_contenders=s.max_contenders, rank=s.rank, reclaim=s.reclaim)
 
     def _cluster_state(self) -> pb.ClusterState:
         cluster = self.engine.cluster
@@ -1116,7 +1124,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 rejected=s["rejected"], granted=s["granted"], idle=s["idle"], latency_s=s["latency_s"],
                 rho={a: (math.inf if r is None else r) for a, r in s["rho"].items()},
                 expired=s.get("expired", 0), moved=s.get("moved", 0), reports_s=s.get("reports_s", 0.0),
-                bids_s=s.get("bids_s", 0.0), allocation_s=s.get("allocation_s", 0.0)))
+                bids_s=s.get("bids_s", 0.0), allocation_s=s.get("allocation_s", 0.0),
+                seed=s.get("seed", ""), commitment=s.get("commitment", "")))
         return pb.RoundList(rounds=rounds)
 
     async def UpdateSettings(self, request: pb.SettingsUpdate, context) -> pb.Settings:
@@ -1136,6 +1145,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             new.max_contenders = request.max_contenders
         if request.HasField("rank"):
             new.rank = request.rank[:NAME_MAX]
+        if request.HasField("reclaim"):
+            new.reclaim = request.reclaim
         try:
             new.check()
         except ValueError as exc:
@@ -1152,6 +1163,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.settings = new
         self.engine.policy = new.policy_object()
         self.engine.rank = new.rank
+        self.engine.reclaim = new.reclaim
         self.engine.lease_s = new.lease_s
         window = new.expiry_window_s if new.expiry_window_s is not None else new.lease_s * EXPIRY_WINDOW_SHARE
         self.engine.expiry_window_s = max(new.coalesce_s, window)
@@ -1273,5 +1285,7 @@ def _summary(result: RoundResult, latency: float) -> dict[str, Any]:
         "moved": moved,
         "latency_s": latency,
         "rho": {a: _json_num(r) for a, r in result.rho.items()},
+        "seed": result.seed,  # D24: revealed now that the round has closed
+        "commitment": result.commitment,
     }
 

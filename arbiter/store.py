@@ -9,7 +9,9 @@ ever record one GPU leased twice. WAL with ``synchronous=NORMAL`` survives a cra
 a power cut may lose the last changes but never corrupts the file.
 
 Tokens are stored only as SHA-256 hashes. The model an admin names for an app when issuing its
-token is kept too (``models``): its placement slowdowns, which a measured rank applies (D21).
+token is kept too (``models``): its placement slowdowns, which a measured rank applies (D21). So is
+the lottery's secret (D24, ``arbiter.lottery``): made once, never sent, so that a restarted arbiter
+draws every round's numbers as the one before it would have.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.leases import Lease
+from arbiter.lottery import new_secret
 from arbiter.rounds import AppRecord, EngineState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS apps (
     app TEXT PRIMARY KEY, arrived REAL NOT NULL, contention_at_arrival REAL NOT NULL,
-    attained REAL NOT NULL, demand INTEGER, last_rho REAL
+    attained REAL NOT NULL, demand INTEGER, last_rho REAL, most INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS leases (
     gpu TEXT PRIMARY KEY, app TEXT NOT NULL, granted_at REAL NOT NULL, expires_at REAL NOT NULL,
@@ -94,6 +97,9 @@ class Store:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.executescript(SCHEMA)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(apps)")}
+            if "most" not in columns:  # a journal from before D28: the column comes with its default
+                self.db.execute("ALTER TABLE apps ADD COLUMN most INTEGER NOT NULL DEFAULT 0")
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot use it as the journal: {exc}") from None
         version = self._meta("schema_version")
@@ -108,6 +114,25 @@ class Store:
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
+
+    def lottery_secret(self) -> bytes:
+        """The secret every round's seed is derived from (D24): the journaled one, or a new one
+        from the CSPRNG, journaled before it is returned (so no round is ever drawn from a secret
+        a restart would not have)."""
+        cur = self.db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            row = cur.execute("SELECT value FROM meta WHERE key = 'lottery_secret'").fetchone()
+            if row is None:
+                secret = new_secret()
+                cur.execute("INSERT INTO meta VALUES ('lottery_secret', ?)", (json.dumps(secret.hex()),))
+            else:
+                secret = bytes.fromhex(json.loads(row[0]))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        return secret
 
     # -- engine state ----------------------------------------------------------------------
 
@@ -144,10 +169,11 @@ class Store:
             old_rho = dict(cur.execute("SELECT app, last_rho FROM apps").fetchall())
             cur.execute("DELETE FROM apps")
             cur.executemany(
-                "INSERT INTO apps VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO apps (app, arrived, contention_at_arrival, attained, demand, last_rho, most) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     (a, r.arrived, r.contention_at_arrival, r.attained, r.demand,
-                     _num((rho or {}).get(a, old_rho.get(a))))
+                     _num((rho or {}).get(a, old_rho.get(a))), r.most)
                     for a, r in state.apps.items()
                 ],
             )
@@ -172,11 +198,12 @@ class Store:
         raw = self._meta("round_id")
         if raw is None:
             return None
-        meta = {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta") if k != "schema_version"
-                and k != "cluster"}
+        meta = {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta")
+                if k not in ("schema_version", "cluster", "lottery_secret")}
         apps = {
-            a: AppRecord(arrived, c0, attained, demand)
-            for a, arrived, c0, attained, demand, _ in self.db.execute("SELECT * FROM apps ORDER BY app")
+            a: AppRecord(arrived, c0, attained, demand, most)
+            for a, arrived, c0, attained, demand, most in self.db.execute(
+                "SELECT app, arrived, contention_at_arrival, attained, demand, most FROM apps ORDER BY app")
         }
         leases = tuple(Lease(*row) for row in self.db.execute("SELECT * FROM leases ORDER BY gpu"))
         state = EngineState(

@@ -8,8 +8,8 @@ bid with the real code (``agent.agent.Agent``); the round runs through the real 
 
 For each liar (up to three apps per case) and each lie -- every strategy of
 ``simulator/strategic.py`` at a few sizes, which covers scaling the rows' rho by 0.5-1.5, inflating
-rho_old, hiding rows, only the biggest rows, only 1-GPU rows, reporting infinity and sending no
-bid -- the liar's *true* expected utility after the round, E[1/rho(what it holds then)] computed
+rho_old, hiding rows, only the biggest rows, only 1-GPU rows, reporting infinity, sending no
+bid, and the work claim's own numbers (its total work B, its demand_max, its stated demand) -- the liar's *true* expected utility after the round, E[1/rho(what it holds then)] computed
 with its true app, is compared with what telling the truth gives. The expectation is exact over the liar's own lottery
 draw (D15: the round is run with the draw forced to win and to lose, weighted by its c_i) and
 averaged over ``--draws`` seeds for everything else (others' lotteries, leftover draws), with the
@@ -75,6 +75,8 @@ LIES: list[tuple[str, float]] = [
     ("inflate-rho-old", 20), ("inflate-rho-old", 50), ("inflate-rho-old", 200),
     ("biggest-rows", 0), ("single-gpu-rows", 0), ("report-inf", 0),
     ("withhold-bid", 0),
+    ("understate-budget", 50), ("understate-budget", 90),
+    ("overstate-demand-max", 100), ("overstate-demand-max", 300), ("overstate-demand", 100),
 ]
 
 
@@ -151,8 +153,10 @@ def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, fl
               rank: str = "reported"):
     """One round of the case; returns (engine, result, true apps)."""
     cluster = load_cluster(CLUSTER)
+    # reclaim=False: the "busy" app stands for the rest of the cluster, not an app above its share
+    # whose leases D27 would end; which GPUs are free is the case's design
     engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed,
-                         rank=rank)
+                         rank=rank, reclaim=False)
     apps = {p.name: p.build() for p in case.apps}
     engine.add_app("busy", 0.0)
     engine.set_demand("busy", 0, 0.0)

@@ -53,6 +53,7 @@ class RhoRequest:
     cluster_size: int
     held: Mapping[str, Position]
     extras: frozenset[str] = frozenset()  # RhoReport fields beyond rho and demand the policy reads
+    commitment: str = ""  # SHA-256 of the round's seed, revealed after the round (D24)
 
 
 @dataclass(frozen=True)

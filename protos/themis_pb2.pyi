@@ -33,7 +33,7 @@ class Lease(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., app: _Optional[str] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders", "rank")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders", "rank", "reclaim")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class Settings(_message.Message):
     BID_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
@@ -52,7 +53,8 @@ class Settings(_message.Message):
     bid_timeout_s: float
     max_contenders: int
     rank: str
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ...) -> None: ...
+    reclaim: bool
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "bid", "release", "demand", "heartbeat", "done")
@@ -119,7 +121,7 @@ class Welcome(_message.Message):
     def __init__(self, app: _Optional[str] = ..., cluster: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., now: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., places: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ...) -> None: ...
 
 class RhoRequest(_message.Message):
-    __slots__ = ("round_id", "now", "n_avg", "cluster_size", "held", "extras", "deadline")
+    __slots__ = ("round_id", "now", "n_avg", "cluster_size", "held", "extras", "deadline", "lottery_commitment")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     N_AVG_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +129,7 @@ class RhoRequest(_message.Message):
     HELD_FIELD_NUMBER: _ClassVar[int]
     EXTRAS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    LOTTERY_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     now: float
     n_avg: float
@@ -134,7 +137,8 @@ class RhoRequest(_message.Message):
     held: _containers.RepeatedCompositeFieldContainer[GpuPlace]
     extras: _containers.RepeatedScalarFieldContainer[str]
     deadline: float
-    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., extras: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
+    lottery_commitment: str
+    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., extras: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ..., lottery_commitment: _Optional[str] = ...) -> None: ...
 
 class RhoReport(_message.Message):
     __slots__ = ("round_id", "app", "rho", "demand", "remaining_s", "slowdown", "loss_decrease", "rho_wait", "work")
@@ -401,7 +405,7 @@ class RoundHistoryRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round_id", "now", "offered", "bidders", "rejected", "granted", "idle", "latency_s", "rho", "expired", "moved", "reports_s", "bids_s", "allocation_s")
+    __slots__ = ("round_id", "now", "offered", "bidders", "rejected", "granted", "idle", "latency_s", "rho", "expired", "moved", "reports_s", "bids_s", "allocation_s", "seed", "commitment")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -437,6 +441,8 @@ class RoundSummary(_message.Message):
     REPORTS_S_FIELD_NUMBER: _ClassVar[int]
     BIDS_S_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_S_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENT_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     now: float
     offered: int
@@ -451,7 +457,9 @@ class RoundSummary(_message.Message):
     reports_s: float
     bids_s: float
     allocation_s: float
-    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., offered: _Optional[int] = ..., bidders: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Mapping[str, str]] = ..., granted: _Optional[_Mapping[str, int]] = ..., idle: _Optional[int] = ..., latency_s: _Optional[float] = ..., rho: _Optional[_Mapping[str, float]] = ..., expired: _Optional[int] = ..., moved: _Optional[int] = ..., reports_s: _Optional[float] = ..., bids_s: _Optional[float] = ..., allocation_s: _Optional[float] = ...) -> None: ...
+    seed: str
+    commitment: str
+    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., offered: _Optional[int] = ..., bidders: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Mapping[str, str]] = ..., granted: _Optional[_Mapping[str, int]] = ..., idle: _Optional[int] = ..., latency_s: _Optional[float] = ..., rho: _Optional[_Mapping[str, float]] = ..., expired: _Optional[int] = ..., moved: _Optional[int] = ..., reports_s: _Optional[float] = ..., bids_s: _Optional[float] = ..., allocation_s: _Optional[float] = ..., seed: _Optional[str] = ..., commitment: _Optional[str] = ...) -> None: ...
 
 class RoundList(_message.Message):
     __slots__ = ("rounds",)
@@ -460,18 +468,20 @@ class RoundList(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ...) -> None: ...
 
 class SettingsUpdate(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders", "rank")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders", "rank", "reclaim")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
     max_contenders: int
     rank: str
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ...) -> None: ...
+    reclaim: bool
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ...) -> None: ...
 
 class AddMachineRequest(_message.Message):
     __slots__ = ("rack", "machine", "gpus", "slots")

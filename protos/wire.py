@@ -40,12 +40,13 @@ def lease_pb(lease) -> pb.Lease:
 
 def rho_request_pb(req: RhoRequest, deadline: float) -> pb.RhoRequest:
     return pb.RhoRequest(round_id=req.round_id, now=req.now, n_avg=req.n_avg, cluster_size=req.cluster_size,
-                         held=places(req.held), extras=sorted(req.extras), deadline=deadline)
+                         held=places(req.held), extras=sorted(req.extras), deadline=deadline,
+                         lottery_commitment=req.commitment)
 
 
 def rho_request(msg: pb.RhoRequest, app: str) -> RhoRequest:
     return RhoRequest(msg.round_id, app, msg.now, msg.n_avg, msg.cluster_size, positions(msg.held),
-                      frozenset(msg.extras))
+                      frozenset(msg.extras), msg.lottery_commitment)
 
 
 def offer_pb(offer: Offer) -> pb.Offer:

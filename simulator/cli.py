@@ -180,6 +180,9 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--resplit", choices=RESPLITS, default="now",
                    help="when an app whose GPUs grew moves its running jobs onto them: now (D11) or "
                         "rent-or-buy (D23: once the idle GPUs have cost what the restarts would)")
+    p.add_argument("--no-reclaim", dest="reclaim", action="store_false",
+                   help="leases beyond an app's fair share run to their end even while an app that holds "
+                        "nothing waits (D27 ends them early, once per such app; on by default)")
     p.add_argument("--coalesce", type=float, default=DEFAULT_COALESCE_S,
                    help="seconds of events coalesced into one round (D10); larger is faster, coarser")
     p.add_argument("--expiry-window", type=float, default=None,
@@ -200,7 +203,7 @@ def _add_fresh(p: argparse.ArgumentParser) -> None:
 
 def _resplit(args: argparse.Namespace) -> dict[str, Any]:
     """The resplit setting, named only when it is not the default (kept runs stay keyed as before)."""
-    return {"resplit": args.resplit} if args.resplit != "now" else {}
+    return ({"resplit": args.resplit} if args.resplit != "now" else {}) | ({} if args.reclaim else {"reclaim": False})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -308,7 +311,7 @@ def cmd_strategic(args: argparse.Namespace) -> int:
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
                   workload_knobs=dict(args.workload_knob) or None, rank=args.rank,
                   max_contenders=args.max_contenders, store=store, restart=args.restart,
-                  coalesce=args.coalesce, expiry_window=args.expiry_window, resplit=args.resplit)
+                  coalesce=args.coalesce, expiry_window=args.expiry_window, **_resplit(args))
     _say_kept(store)
     return 0
 

@@ -95,6 +95,9 @@ class SimulationResult:
     round_results: list[RoundResult] = field(default_factory=list)
     granted_by: dict[str, int] = field(default_factory=dict)  # GPUs per source, in rounds with bidders
     noncanonical: int = 0  # auctions whose allocation was the MILP's own, not the canonical one (D16)
+    zeroed: int = 0  # auctions in which a PF winner had c_i = 0 (D8, D25)
+    zeroed_first: int = 0  # ... the first-ranked contender, holding nothing (the starving kind, D25)
+    reclaimed: int = 0  # leases ended early for apps that held nothing (D27)
 
 
 class Simulation:
@@ -114,6 +117,7 @@ class Simulation:
         keep_rounds: bool = False,
         resplit: str = "now",
         rank: str = "reported",
+        reclaim: bool = True,
     ):
         if restart_s < 0:
             raise ValueError("restart delay must be >= 0")
@@ -126,7 +130,7 @@ class Simulation:
         self.restart_s = restart_s
         self.engine = RoundEngine(
             cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, expiry_window_s=expiry_window_s, seed=seed,
-            rank=rank,
+            rank=rank, reclaim=reclaim,
         )
         self.profiles = profiles or load_profiles()
         self.agent_factory = agent_factory or (lambda spec, app: Agent(app, name=spec.app_id))
@@ -394,7 +398,7 @@ class Simulation:
         wall = time.perf_counter()
         arrivals = sorted(self.workload.apps, key=lambda a: (a.arrival_s, a.app_id))
         nxt = 0
-        rounds = auctions = noncanonical = 0
+        rounds = auctions = noncanonical = zeroed = zeroed_first = reclaimed = 0
         granted_by: dict[str, int] = {}
         kept: list[RoundResult] = []
         while True:
@@ -436,7 +440,12 @@ class Simulation:
                 outcome = result.decision.auction if result.decision is not None else None
                 auctions += outcome is not None
                 noncanonical += outcome is not None and not outcome.canonical
+                reclaimed += len(result.reclaimed)
                 if outcome is not None:
+                    zeros = [a for a in outcome.pf if outcome.hidden_payment[a] == 0.0]
+                    zeroed += bool(zeros)
+                    first = outcome.contenders[0] if outcome.contenders else None
+                    zeroed_first += first in zeros and math.isinf(result.rho.get(first, 0.0))
                     for app in outcome.pf:
                         self.runs[app].auction_wins += 1
                         self.runs[app].kept_sum += outcome.hidden_payment[app]
@@ -466,6 +475,9 @@ class Simulation:
             round_results=kept,
             granted_by=granted_by,
             noncanonical=noncanonical,
+            zeroed=zeroed,
+            zeroed_first=zeroed_first,
+            reclaimed=reclaimed,
         )
 
 

@@ -97,7 +97,7 @@ def _headline(s: dict[str, Any]) -> dict[str, Any]:
             "median_rho", "p95_rho", "jain_rho", "share_rho_le_1", "max_rho_share", "mean_rho_share",
             "share_rho_share_gt_1", "gpu_time", "avg_jct", "p95_jct", "makespan", "utilization",
             "mean_placement_score", "restarts", "restarts_per_job", "rounds", "auctions", "noncanonical_auctions",
-            "share_auction", "share_queue", "share_leftover", "wall_seconds", "fairness_knob", "lease_s")
+            "zeroed_auctions", "zeroed_first", "reclaimed_leases", "share_auction", "share_queue", "share_leftover", "wall_seconds", "fairness_knob", "lease_s")
     return {k: s.get(k) for k in keep}
 
 
@@ -295,7 +295,19 @@ def fig15(setup: Setup) -> dict[str, Any]:
                                 out=setup.out if rank == "reported" else setup.out / "rank-measured", rank=rank,
                                 store=setup.store)
             for rank in RANKS}
-    return {"figure": "fig15", "quick": setup.quick, **runs["reported"], "measured_rank": runs["measured"]}
+    # The lies a measured rank still takes on the app's word (D21, D28): its work left, its total
+    # work B, its demand_max and its demand, whole runs under the service's rank.
+    other = {name: run_strategic(strategy=name, levels=lv[:2] if setup.quick else lv, liars=1, cluster=cluster,
+                                 workload=str(trace), seed=setup.seeds[0], seeds=seeds, workers=setup.workers,
+                                 out=setup.out / f"lie-{name}", rank="measured", store=setup.store)
+             for name, lv in FIG15_OTHER_LIES.items()}
+    return {"figure": "fig15", "quick": setup.quick, **runs["reported"], "measured_rank": runs["measured"],
+            "other_lies_measured_rank": other}
+
+
+#: Fig. 15's other lies (issue 31): what a measured rank still takes from the app, at these sizes (%).
+FIG15_OTHER_LIES = {"misreport-work": [25, 50, 90], "understate-budget": [50, 90],
+                    "overstate-demand-max": [100, 300], "overstate-demand": [100, 300]}
 
 
 def _identical_apps_trace(out: Path) -> Path:

@@ -44,6 +44,7 @@ def simulate(
     rank: str = "reported",
     max_contenders: int | None = None,
     resplit: str = "now",
+    reclaim: bool = True,
 ) -> dict[str, Any]:
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
@@ -52,7 +53,8 @@ def simulate(
     with measured slowdowns); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
     loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names.
     ``max_contenders`` caps Themis's auction as the service does (D20; None, the default: no cap).
-    ``resplit="rent-or-buy"`` defers growth re-splits by the ski-rental rule (D23; default "now", D11)."""
+    ``resplit="rent-or-buy"`` defers growth re-splits by the ski-rental rule (D23; default "now", D11).
+    ``reclaim=False`` lets leases beyond a fair share run out while apps that hold nothing wait (D27)."""
     from simulator.plugins import load_from_env
 
     load_from_env()
@@ -68,7 +70,7 @@ def simulate(
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
-        resplit=resplit, rank=rank,
+        resplit=resplit, rank=rank, reclaim=reclaim,
     )
     if show_progress:
         with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
@@ -87,7 +89,8 @@ def simulate(
                      restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
                      workload_source=the_workload.source,
                      **({"max_contenders": max_contenders} if policy == "themis" and max_contenders else {}),
-                     **({"resplit": resplit} if resplit != "now" else {}))
+                     **({"resplit": resplit} if resplit != "now" else {}),
+                     **({} if reclaim else {"reclaim": False}))
 
 
 def simulate_quietly(**kw: Any) -> dict[str, Any]:

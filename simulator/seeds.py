@@ -27,7 +27,8 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 METRICS = ("max_rho", "mean_rho", "median_rho", "p95_rho", "p99_rho", "max_rho_floor", "jain_rho",
            "share_rho_le_1", "max_rho_share", "mean_rho_share", "share_rho_share_gt_1", "jain_rho_share",
            "gpu_time", "avg_jct", "p95_jct", "makespan", "utilization", "mean_placement_score", "restarts",
-           "restarts_per_job", "rounds", "auctions", "noncanonical_auctions", "share_auction", "share_queue",
+           "restarts_per_job", "rounds", "auctions", "noncanonical_auctions", "zeroed_auctions", "zeroed_first",
+           "reclaimed_leases", "share_auction", "share_queue",
            "share_leftover", "wall_seconds")
 
 

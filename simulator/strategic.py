@@ -16,6 +16,10 @@ agent's truthful view into what it sends, at a lie size ``level`` in percent. Th
   an app that holds GPUs, D13).
 * ``withhold-bid``: reports truthfully, then sends no bid (as an agent that misses the deadline;
   D22 leases such an app nothing that round).
+* ``understate-budget``: claims a total work B X% smaller (T_id of Eq. 1 shrinks by as much).
+* ``overstate-demand-max``: claims a demand_max X% bigger (the most GPUs it could use at once).
+* ``overstate-demand``: states a demand, and claims a demand_max, X% bigger than it can use (the lie
+  D28 leaves: a measured rank takes demand_max only up to the demands an app has stated).
 
 Lies change only what the agent says: the simulator still runs its jobs at their true speed.
 ``run_strategic`` is the study of paper Figure 15: K liars among truthful apps, per level.
@@ -82,10 +86,26 @@ class BiddingStrategy(ABC):
         agent keeps what it computed from the edited jobs until the app's work changes."""
         return job
 
+    def budget(self, b: float) -> float:
+        """The total work B the agent claims, given its true B (default: the truth)."""
+        return b
+
+    def demand_max(self, d: int) -> int:
+        """The demand_max the agent claims, given its true one (default: the truth)."""
+        return d
+
+    def demand(self, d: int) -> int:
+        """The demand the agent states in its reports, given its true one (default: the truth)."""
+        return d
+
     def view(self, app: AppScheduler) -> AppScheduler:
-        """The app as the agent describes it in its reports and bids: every job through ``edit``.
-        Under a measured rank (D21) only this view's work reaches the rank, not its slowdowns."""
-        return app if type(self).edit is BiddingStrategy.edit else described(app, self.edit)
+        """The app as the agent describes it in its reports and bids: every job through ``edit``,
+        its B, demand_max and demand through the hooks above. Under a measured rank (D21) only this
+        view's work reaches the rank, not its slowdowns."""
+        cls = type(self)
+        plain = all(getattr(cls, hook) is getattr(BiddingStrategy, hook)
+                    for hook in ("edit", "budget", "demand_max", "demand"))
+        return app if plain else described(app, self)
 
     def adjust(self, bid: BidTable) -> BidTable:
         """Edit the finished bid table (default: send it as computed)."""
@@ -198,6 +218,31 @@ class InflateRhoOld(BiddingStrategy):
 
 
 @strategy
+class UnderstateBudget(BiddingStrategy):
+    name = "understate-budget"
+    max_level = 99.0
+
+    def budget(self, b: float) -> float:
+        return b * (1 - self.x)
+
+
+@strategy
+class OverstateDemandMax(BiddingStrategy):
+    name = "overstate-demand-max"
+
+    def demand_max(self, d: int) -> int:
+        return math.ceil(d * (1 + self.x))
+
+
+@strategy
+class OverstateDemand(OverstateDemandMax):
+    name = "overstate-demand"
+
+    def demand(self, d: int) -> int:
+        return math.ceil(d * (1 + self.x)) if d else 0
+
+
+@strategy
 class BiggestRows(BiddingStrategy):
     name = "biggest-rows"
 
@@ -238,18 +283,18 @@ class Truthful(BiddingStrategy):
     name = "truthful"
 
 
-def described(app: AppScheduler, edit) -> AppScheduler:
-    """A read-only stand-in for ``app`` whose jobs are edited by ``edit`` (what a liar says)."""
+def described(app: AppScheduler, plan: "BiddingStrategy") -> AppScheduler:
+    """A read-only stand-in for ``app`` as ``plan`` describes it (what a liar says)."""
     if isinstance(app, SuccessiveHalvingScheduler):
-        return _DescribedHalving(app, edit)
+        return _DescribedHalving(app, plan)
     if isinstance(app, CurveStoppingScheduler):
-        return _DescribedCurve(app, edit)
+        return _DescribedCurve(app, plan)
     raise TypeError(f"cannot describe {type(app).__name__}")
 
 
 class _Described:
-    def __init__(self, app: AppScheduler, edit):
-        self.app, self.edit = app, edit
+    def __init__(self, app: AppScheduler, plan: "BiddingStrategy"):
+        self.app, self.plan, self.edit = app, plan, plan.edit
         self.start_time = app.start_time
 
     @property
@@ -267,13 +312,13 @@ class _Described:
         return self.app.work_depends_on_allocation
 
     def budget(self) -> float:
-        return self.app.budget()
+        return self.plan.budget(self.app.budget())
 
     def demand_max(self) -> int:
-        return self.app.demand_max()
+        return self.plan.demand_max(self.app.demand_max())
 
     def demand_now(self) -> int:
-        return self.app.demand_now()
+        return self.plan.demand(self.app.demand_now())
 
     def placement_slowdown(self) -> Slowdown:
         return self.app.placement_slowdown()
@@ -354,7 +399,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
                   workload_knobs: dict[str, Any] | None = None, rank: str = "reported",
                   max_contenders: int | None = None, store: Any = None, restart: float = DEFAULT_RESTART_S,
                   coalesce: float = DEFAULT_COALESCE_S, expiry_window: float | None = None,
-                  resplit: str = "now") -> dict[str, Any]:
+                  resplit: str = "now", reclaim: bool = True) -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
@@ -386,7 +431,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
              "lease": lease, "strategy": (strategy, level, tuple(sorted(chosen))),
              "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders,
              "restart": restart, "coalesce": coalesce, "expiry_window": expiry_window}
-            | ({"resplit": resplit} if resplit != "now" else {})
+            | ({"resplit": resplit} if resplit != "now" else {}) | ({} if reclaim else {"reclaim": False})
             for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
     per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds",

@@ -251,7 +251,13 @@ def test_skipping_counts_that_cannot_beat_rho_old_leaves_the_table_as_it_was(
     edited view gives every job an arbitrary slowdown tuple (a liar's, not necessarily monotone)."""
     from dataclasses import replace
 
-    from simulator.strategic import described
+    from simulator.strategic import BiddingStrategy, described
+
+    class Lie(BiddingStrategy):
+        name = "test-slowdown-lie"
+
+        def edit(self, job):
+            return replace(job, slowdown=lie)
 
     rng = random.Random(data.draw(st.integers(0, 10**6)))
     jobs = max(jobs, 2 ** (phases - 1))  # each phase halves the jobs
@@ -262,7 +268,7 @@ def test_skipping_counts_that_cannot_beat_rho_old_leaves_the_table_as_it_was(
         if rng.random() < 0.5:
             app.advance(job, rng.uniform(0, 300))
     lie = tuple(slowdown)
-    view = described(app, lambda j: replace(j, slowdown=lie)) if edited else app
+    view = described(app, Lie(0)) if edited else app
     gpus = sorted(CLUSTER.gpus)
     free = rng.sample(gpus, rng.randint(1, 40))
     held = rng.sample([g for g in gpus if g not in free], rng.randint(0, 6))

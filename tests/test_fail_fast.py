@@ -231,31 +231,38 @@ def test_a_bad_argument_to_create_leaves_no_broker_connection_open(tmp_path):
     assert left == []
 
 
-def test_a_trial_given_up_is_never_kept_for_the_next_rung(tmp_path):
-    """Successive halving keeps the best of each rung by loss. A trial the runner gave up on (it kept
-    crashing) was told an infinite loss, so when fewer trials than the next rung keeps had a finite
-    one it was kept, and the next rung waited for a job the runner would never start again: the
-    search held its GPUs and hung."""
+def _run_crashing_trials(tmp_path, app: str, adapter) -> AppRunner:
+    """``adapter``'s search run to its end against a real arbiter, each trial's job crashing at once
+    when its params say ``crash``, else training to its target; a job is given up on at its first
+    failure (``max_failures=1``)."""
     flaky = tmp_path / "train.py"
     flaky.write_text("from agent.job import Job\njob = Job.from_env()\n"
                      "if job.params['crash']:\n    raise SystemExit(4)\n"
                      "state = job.resume() or {'it': 0}\nit = state['it']\n"
                      "while not job.step(it + 1, 1.0 / (it + 1)):\n    it += 1\njob.save({'it': it + 1})\n")
-    crashes = iter([True, True, True, False])  # t0-t2 crash at once; the first rung keeps 2 of the 4
 
     async def scenario():
         async with arbiter(tmp_path) as server:
-            adapter = SuccessiveHalvingAdapter(lambda rng: {"crash": next(crashes)}, n=4, eta=2, min_resource=1,
-                                               iter_time=0.05)
-            client = AgentClient(Agent(adapter), "rungs", target(server), await credential(server, "rungs"),
+            client = AgentClient(Agent(adapter), app, target(server), await credential(server, app),
                                  backoff_s=(0.05, 0.5))
-            launcher = Launcher("rungs", [PY, str(flaky)], tmp_path / "w", cluster="test-8", grace_s=2.0,
+            launcher = Launcher(app, [PY, str(flaky)], tmp_path / "w", cluster="test-8", grace_s=2.0,
                                 env={"PYTHONPATH": str(ROOT)})
             runner = AppRunner(adapter, client, launcher, max_failures=1, quiet=True)
             await runner.run(timeout=40)
-            return runner, adapter
+            return runner
 
-    runner, adapter = asyncio.run(asyncio.wait_for(scenario(), 90))
+    return asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+def test_a_trial_given_up_is_never_kept_for_the_next_rung(tmp_path):
+    """Successive halving keeps the best of each rung by loss. A trial the runner gave up on (it kept
+    crashing) was told an infinite loss, so when fewer trials than the next rung keeps had a finite
+    one it was kept, and the next rung waited for a job the runner would never start again: the
+    search held its GPUs and hung."""
+    crashes = iter([True, True, True, False])  # t0-t2 crash at once; the first rung keeps 2 of the 4
+    adapter = SuccessiveHalvingAdapter(lambda rng: {"crash": next(crashes)}, n=4, eta=2, min_resource=1,
+                                       iter_time=0.05)
+    runner = _run_crashing_trials(tmp_path, "rungs", adapter)
     assert runner.finished and runner.failed == {"t0", "t1", "t2"}
     assert [adapter.status(t) for t in ("t0", "t1", "t2", "t3")] == ["stopped", "stopped", "stopped", "finished"]
     assert adapter.best().job_id == "t3" and adapter.best().iteration == 4  # it ran every rung alone
@@ -265,26 +272,10 @@ def test_a_curve_trial_given_up_counts_only_the_work_it_did(tmp_path):
     """The runner told the curve-stopping tuner a trial it gave up on had reached the iteration cap
     (with an infinite loss), so the tuner counted the cap's worth of work the trial never did in the
     app's budget B, which rho and the bids are built from."""
-    flaky = tmp_path / "train.py"
-    flaky.write_text("from agent.job import Job\njob = Job.from_env()\n"
-                     "if job.params['crash']:\n    raise SystemExit(4)\n"
-                     "state = job.resume() or {'it': 0}\nit = state['it']\n"
-                     "while not job.step(it + 1, 1.0 / (it + 1)):\n    it += 1\njob.save({'it': it + 1})\n")
     crashes = iter([True, False])
-
-    async def scenario():
-        async with arbiter(tmp_path) as server:
-            adapter = CurveStoppingAdapter(lambda rng: {"crash": next(crashes)}, max_trials=2, parallel=1,
-                                           max_iterations=4, tolerance=0.01, iter_time=100.0)
-            client = AgentClient(Agent(adapter), "curves", target(server), await credential(server, "curves"),
-                                 backoff_s=(0.05, 0.5))
-            launcher = Launcher("curves", [PY, str(flaky)], tmp_path / "w", cluster="test-8", grace_s=2.0,
-                                env={"PYTHONPATH": str(ROOT)})
-            runner = AppRunner(adapter, client, launcher, max_failures=1, quiet=True)
-            await runner.run(timeout=40)
-            return runner, adapter
-
-    runner, adapter = asyncio.run(asyncio.wait_for(scenario(), 90))
+    adapter = CurveStoppingAdapter(lambda rng: {"crash": next(crashes)}, max_trials=2, parallel=1,
+                                   max_iterations=4, tolerance=0.01, iter_time=100.0)
+    runner = _run_crashing_trials(tmp_path, "curves", adapter)
     assert runner.finished and runner.failed == {"c0"} and adapter.status("c1") == ("finished", "cap")
     assert adapter.status("c0")[0] == "stopped"
     c1 = [r.serial_s for r in runner.reports if r.job_id == "c1"]

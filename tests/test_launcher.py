@@ -337,9 +337,9 @@ def _reports(read_fd):
     return [json.loads(line) for line in os.read(read_fd, 1 << 16).decode().splitlines()]
 
 
-def test_a_resumed_job_times_its_first_iteration_from_its_checkpoint_not_from_a_stale_start(tmp_path, monkeypatch):
-    """After AppRunner.create(resume=True) a tuner that starts over says start iteration 0 while the
-    job goes on from its checkpoint at 5: the first iteration time was divided by 6."""
+def _saved_at_five(tmp_path, monkeypatch):
+    """A job that ran 5 iterations of 2 s on a fake clock and saved a checkpoint at iteration 5:
+    (the clock, the read end of its metrics pipe, the keyword arguments that make the job again)."""
     clock = _Clock()
     monkeypatch.setattr("agent.job.time.monotonic", clock)
     read_fd, write_fd = os.pipe()
@@ -352,6 +352,13 @@ def test_a_resumed_job_times_its_first_iteration_from_its_checkpoint_not_from_a_
         clock.now += 2.0
         first.step(it, 1.0 / it)
     first.save({"it": 5})
+    return clock, read_fd, kw
+
+
+def test_a_resumed_job_times_its_first_iteration_from_its_checkpoint_not_from_a_stale_start(tmp_path, monkeypatch):
+    """After AppRunner.create(resume=True) a tuner that starts over says start iteration 0 while the
+    job goes on from its checkpoint at 5: the first iteration time was divided by 6."""
+    clock, read_fd, kw = _saved_at_five(tmp_path, monkeypatch)
     again = Job(**kw, start_iteration=0)
     assert again.resume() == {"it": 5}
     clock.now += 2.0
@@ -364,18 +371,7 @@ def test_a_save_before_any_step_keeps_the_iteration_its_checkpoint_was_at(tmp_pa
     """A run that saves before its first step (stopped as it resumed, or its own iteration cap
     already reached) wrote a checkpoint without the iteration it holds, so the next run timed its
     first iteration from the tuner's start iteration: 0 after a resume, 6 iterations in 2 s."""
-    clock = _Clock()
-    monkeypatch.setattr("agent.job.time.monotonic", clock)
-    read_fd, write_fd = os.pipe()
-    kw = dict(app="a", job_id="t0", gpus=("r0-m0-g0",), placement=(("r0", "r0-m0", "r0-m0-g0"),),
-              checkpoint=tmp_path / "ck.pkl", run="run-1", params={"lr": 0.1}, handle_sigterm=False,
-              metrics_fd=write_fd)
-    first = Job(**kw)
-    first.resume()
-    for it in range(1, 6):
-        clock.now += 2.0
-        first.step(it, 1.0 / it)
-    first.save({"it": 5})
+    clock, read_fd, kw = _saved_at_five(tmp_path, monkeypatch)
     stopped_at_once = Job(**kw)
     assert stopped_at_once.resume() == {"it": 5}
     stopped_at_once.save({"it": 5})  # no step in this run

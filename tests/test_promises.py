@@ -11,6 +11,7 @@ import pytest
 from agent.agent import Agent
 from agent.appsched import JobInfo, SingleJobApp
 from agent.placement import load_profiles
+from arbiter.auction import run_auction
 from arbiter.cluster import load_cluster
 from arbiter.policies import make_policy
 from arbiter.rounds import RoundEngine
@@ -94,7 +95,9 @@ def test_a_winners_unkept_share_goes_to_a_starving_bidder_before_an_app_that_hol
     0.54 with unmet demand. The GPU used to go to the third app; now a starving bidder gets it."""
     cluster = load_cluster("testbed-64").subcluster(["r0-m0", "r0-m1"])  # 4 GPUs
     for seed in range(10):
-        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.5, fill=False), lease_s=1000, seed=seed)
+        # D27 would end one of rich's leases (it holds 3 GPUs, above its share of 4 / 3): this is D8 alone
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.5, fill=False), lease_s=1000, seed=seed,
+                             reclaim=False)
         for app in ("s1", "s2", "rich"):
             engine.add_app(app, 0)
         engine.leases.grant("rich", ["r0-m0-g0", "r0-m0-g1", "r0-m1-g0"], now=0, expires_at=1000, round_id=0)
@@ -254,7 +257,7 @@ def test_a_bidder_that_did_not_contend_is_served_before_a_better_off_reserve_app
     cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
     g = sorted(cluster.gpus)
     engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.25), lease_s=1000, expiry_window_s=0,
-                         coalesce_s=0)
+                         coalesce_s=0, reclaim=False)  # z holds 2 GPUs, above its share of 1: D9 alone
     for name in ("w", "x", "y", "z"):
         engine.add_app(name, 0)
     engine.leases.grant("z", frozenset(g[:2]), now=0, expires_at=1000, round_id=0)
@@ -400,3 +403,162 @@ def test_a_lone_app_that_misses_its_first_bid_is_not_left_waiting_for_an_unrelat
     assert r.grants == () and "expected a BidTable" in r.rejected["a"] and engine.round_due(2)
     r = engine.run_round(2, {"a": Fixed(math.inf, 2, lambda o: BidTable(math.inf, ((frozenset(sorted(o.gpus)[:2]), 1.0),)))})
     assert [len(grant.gpus) for grant in r.grants] == [2]
+
+
+# -- D25: the winner ranked first is not zeroed by the tables behind it -----------------------------
+
+def _two_free_gpus(seed: int) -> RoundEngine:
+    """One machine of 4 GPUs, two of them free; the other two held by x (one GPU per job) and b."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
+    g = sorted(cluster.gpus)
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.4), lease_s=1000, expiry_window_s=0,
+                         coalesce_s=0, seed=seed, reclaim=False)
+    for name in ("v", "x", "b"):
+        engine.add_app(name, 0)
+    engine.leases.grant("x", [g[0]], now=0, expires_at=1000, round_id=0)
+    engine.leases.grant("b", [g[1]], now=0, expires_at=1000, round_id=0)
+    return engine
+
+
+def _wide(offer) -> BidTable:
+    """A starving app's truthful table: every free GPU, and both."""
+    gpus = sorted(offer.gpus)
+    return BidTable(math.inf, tuple((frozenset([x]), 4.0) for x in gpus) + ((frozenset(gpus), 2.0),))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("x_bids", ["narrow", "spoiler"])
+def test_a_table_whose_rows_start_at_two_gpus_does_not_zero_the_starving_app_ranked_first(seed, x_bids):
+    """The audit's round: two free GPUs, v starving and ranked first, x a truthful search holding one
+    GPU per job (one more GPU is worth nothing to it, so its rows start at two), b a better-off
+    reserve app at rho 0.65. The PF gave v both GPUs with c_v = 0 (without v, x would be served),
+    the auction granted nothing and b took both, in every seed. A spoiler that bids one worthless
+    2-GPU row did the same on purpose. D25: x's smallest row does not fit next to one GPU for v."""
+    engine = _two_free_gpus(seed)
+    both = lambda offer: frozenset(offer.gpus)  # noqa: E731
+    x_row = {"narrow": 1.5, "spoiler": 1.9999}[x_bids]  # rho_old 2: a real gain, or next to none
+    agents = {"v": Fixed(math.inf, 2, _wide, wait=3.0),
+              "x": Fixed(2.0, 3, lambda o: BidTable(2.0, ((both(o), x_row),))),
+              "b": Fixed(0.65, 3, lambda o: BidTable(0.65, tuple((frozenset([g]), 0.5) for g in o.gpus)))}
+    r = engine.run_round(10, agents)
+    assert r.bidders[:2] == ("v", "x") and r.bidders[2] == "b"  # ceil(0.6 * 3) = 2 bid, b is the reserve
+    outcome = r.decision.auction
+    assert outcome.contenders == ("v", "x") and set(outcome.pf) == {"v"}
+    assert outcome.hidden_payment["v"] == 1.0
+    assert [(g.app, g.source, len(g.gpus)) for g in r.grants] == [("v", "auction", 2)]
+
+
+def test_a_starving_app_is_not_zeroed_by_two_narrow_tables_that_fit_only_without_it():
+    """From a contended run (testbed-64, seed 0, rounds 91-93): 4 free GPUs, v starving with every
+    GPU as a row, two holders whose rows start at two GPUs. Both holders fit without v, so the PF's
+    winners all had c_i = 0 (v included) and the auction granted nothing, round after round. D25
+    admits by size in rank order: the second holder is a shadow, and the first answers for it."""
+    gpus = ["r0-m2-g0", "r0-m7-g0", "r0-m7-g2", "r0-m8-g1"]
+    bids = {"v": BidTable(math.inf, tuple((frozenset([g]), 2.0) for g in gpus)),
+            "h1": BidTable(1.2, ((frozenset(gpus[1:3]), 0.9), (frozenset([gpus[0], gpus[3]]), 1.0))),
+            "h2": BidTable(0.7, ((frozenset([gpus[0], gpus[3]]), 0.6), (frozenset(gpus[1:3]), 0.62)))}
+    outcome = run_auction(frozenset(gpus), bids, seed=0, priority=["v", "h1", "h2"])
+    assert outcome.shadows == ("h2",)
+    assert set(outcome.pf) == {"v", "h1"} and outcome.hidden_payment["v"] > 0
+    assert len(outcome.pf["v"]) == 1
+    # h1's row and the GPU nobody took would hold h2's: h1's smallest row is what kept h2 out
+    assert outcome.hidden_payment["h1"] == 0.0
+
+
+def test_hiding_small_rows_to_shut_out_the_contenders_behind_costs_the_hider():
+    """D18's example under D25: x ranked first values either free GPU or both; so does y. Truthful,
+    both are served a GPU each. If x bids only both GPUs, y no longer fits by size behind it and is a
+    shadow -- and x, whose smallest row shut it out, has c_x = 0: hiding its small rows gains x
+    nothing from the auction."""
+    a, b = "r0-m0-g0", "r0-m0-g1"
+    table = BidTable(math.inf, ((frozenset([a]), 2.0), (frozenset([b]), 2.0), (frozenset([a, b]), 1.0)))
+    truth = run_auction(frozenset([a, b]), {"x": table, "y": table}, seed=0, priority=["x", "y"])
+    assert set(truth.pf) == {"x", "y"} and truth.hidden_payment["x"] > 0
+    lie = run_auction(frozenset([a, b]), {"x": BidTable(math.inf, ((frozenset([a, b]), 1.0),)), "y": table},
+                      seed=0, priority=["x", "y"])
+    assert lie.shadows == ("y",) and lie.hidden_payment["x"] == 0.0 and not lie.granted
+
+
+def test_what_nobody_bid_for_goes_to_the_worst_off_apps_first():
+    """D26: the GPUs left after the auction and the reserve go to the apps that got no offer in rank
+    order, worst off first, not at random: in the audit's run one starving app held nothing for 27 h
+    while the random tier handed GPUs to holders at rho 0.34-0.77. Here three apps that hold nothing
+    and were not offered (f = 0.8 lets one app bid, no reserve) want the one GPU the bidder left; the
+    one that has waited longest for its size (the highest waiting rho, D13) gets it, in every seed."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])  # 4 GPUs
+    g = sorted(cluster.gpus)
+    for seed in range(10):
+        engine = RoundEngine(cluster, make_policy("themis", fairness_knob=0.8, fill=False), lease_s=1000,
+                             expiry_window_s=0, coalesce_s=0, seed=seed, reclaim=False)
+        for name in ("v", "a", "b", "c", "holder"):
+            engine.add_app(name, 0)
+        engine.leases.grant("holder", g[:3], now=0, expires_at=1000, round_id=0)
+        nothing = lambda offer: BidTable(math.inf, ())  # noqa: E731 -- v bids for none of the GPU
+        agents = {"v": Fixed(math.inf, 1, nothing, wait=5.0), "a": Fixed(math.inf, 1, wait=3.0),
+                  "b": Fixed(math.inf, 1, wait=1.0), "c": Fixed(math.inf, 1, wait=2.0), "holder": Fixed(0.5, 3)}
+        r = engine.run_round(10, agents)
+        assert r.bidders == ("v",)  # ceil(0.2 * 5) = 1 bidder, no reserve (fill=False)
+        assert [(x.app, x.source) for x in r.grants] == [("a", "leftover")]
+
+
+# -- D27: an app that holds nothing does not wait out a lease while others hold more than their share --
+
+def _full_cluster(reclaim: bool = True) -> tuple[RoundEngine, list[str]]:
+    """4 GPUs, all leased until t = 600 to "big", which still wants all 4."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
+    g = sorted(cluster.gpus)
+    engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, coalesce_s=1, reclaim=reclaim)
+    engine.add_app("big", 0)
+    r = engine.run_round(0, {"big": Fixed(math.inf, 4, lambda o: BidTable(math.inf, ((frozenset(g), 1.0),)))})
+    assert engine.held("big") == frozenset(g) and engine.next_wakeup() == 660 and r.grants
+    return engine, g
+
+
+def _wants_any(offer) -> BidTable:
+    """One GPU or two of what is offered."""
+    gpus = sorted(offer.gpus)
+    return BidTable(math.inf, tuple((frozenset([x]), 2.0) for x in gpus) + ((frozenset(gpus[:2]), 1.0),))
+
+
+def test_an_arrival_into_a_full_cluster_gets_its_share_from_an_app_above_its_share_at_once():
+    """The tail of every figure: a short app that arrived while every GPU was leased waited for the
+    next expiry (up to 286 s for a 24-second app). D27: the arrival is an event when another app
+    holds more than its share (R_C / N = 2 here); the round ends big's leases beyond its share and
+    re-auctions them; big keeps its share under its own leases."""
+    engine, g = _full_cluster()
+    engine.add_app("short", 100)
+    assert engine.next_wakeup() == 101  # the coalescing window, not the expiry at 600 + 60
+    r = engine.run_round(101, {"short": Fixed(math.inf, 2, _wants_any, wait=1.0),
+                               "big": Fixed(1.5, 4, lambda o: BidTable(1.5, ()))})
+    assert sorted(x.gpu for x in r.reclaimed) == sorted(set(g) - engine.held("big"))
+    assert len(r.reclaimed) == 2 and all(x.app == "big" for x in r.reclaimed)
+    assert len(engine.held("short")) == 2 and len(engine.held("big")) == 2
+    assert all(engine.leases.lease(x).expires_at == 600 for x in engine.held("big"))
+
+
+def test_without_reclaim_the_arrival_waits_for_the_expiry():
+    engine, _ = _full_cluster(reclaim=False)
+    engine.add_app("short", 100)
+    assert engine.next_wakeup() == 660  # the lease's end and its expiry window
+
+
+def test_a_lease_within_the_share_is_never_ended_early_and_an_app_is_reclaimed_for_once():
+    """big holds exactly its share: nothing is reclaimed. Above it, one reclaim is made for a
+    starving app; if that app then gets nothing (here it bids for nothing), later rounds do not move
+    GPUs for it again until it has held some."""
+    engine, g = _full_cluster()
+    engine.add_app("a", 0)
+    engine.add_app("b", 0)
+    engine.release("big", g[2:], 0)
+    engine.leases.grant("a", g[2:], now=0, expires_at=600, round_id=0)  # big and a each hold their 2
+    engine.add_app("c", 50)  # shares are now 4 / 4 = 1: big and a are above theirs
+    nothing = {"b": Fixed(math.inf, 1, lambda o: BidTable(math.inf, ()), wait=1.0),
+               "c": Fixed(math.inf, 1, lambda o: BidTable(math.inf, ()), wait=2.0),
+               "big": Fixed(1.0, 4, lambda o: BidTable(1.0, tuple((frozenset([x]), 0.9) for x in o.gpus))),
+               "a": Fixed(1.0, 2, lambda o: BidTable(1.0, tuple((frozenset([x]), 0.9) for x in o.gpus)))}
+    first = engine.run_round(51, nothing)
+    assert len(first.reclaimed) == 2  # b and c need one each
+    assert not engine.held("b") and not engine.held("c")
+    engine.set_demand("c", 2, 60)
+    second = engine.run_round(61, nothing)
+    assert second.reclaimed == ()

@@ -71,6 +71,21 @@ def _engine(rank: str = "measured") -> RoundEngine:
     return engine
 
 
+def _with_a(rank: str = "measured", *, holds: bool = True) -> RoundEngine:
+    """``_engine`` and app "a", whose model's slowdowns (SLOW) the arbiter knows, holding SPREAD
+    (two machines of one rack) unless ``holds`` is False."""
+    engine = _engine(rank)
+    engine.add_app("a", 0.0, slowdown=SLOW)
+    if holds:
+        engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+    return engine
+
+
+def _request(rnd) -> RhoRequest:
+    """The round's rho request to app "a"."""
+    return next(r for r in rnd.requests if r.app == "a")
+
+
 def _app() -> SuccessiveHalvingApp:
     return SuccessiveHalvingApp([1.0, 1.2, 0.9, 1.1], [100, 200, 300], job_demand_max=4, slowdown=SLOW)
 
@@ -81,12 +96,9 @@ def test_a_truthful_app_ranks_the_same_by_its_report_and_by_its_claimed_work(hol
     (holding nothing, D13): the same formula, with the arbiter's arrival time and N_avg."""
     ranked = {}
     for rank in ("reported", "measured"):
-        engine = _engine(rank)
-        engine.add_app("a", 0.0, slowdown=SLOW)
-        if holds:
-            engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+        engine = _with_a(rank, holds=holds)
         rnd = engine.open_round(500.0)
-        request = next(r for r in rnd.requests if r.app == "a")
+        request = _request(rnd)
         assert ("work" in request.extras) == (rank == "measured")
         rnd.report("a", Agent(_app(), name="a").report(request))
         ranked[rank] = rnd._reports["a"]
@@ -108,9 +120,7 @@ def test_the_measured_rank_uses_the_slowdowns_the_arbiter_knows_not_the_apps():
     ranked = {}
     for who, the_app in (("truth", _app()), ("liar", liar_app)):
         for rank in ("reported", "measured"):
-            engine = _engine(rank)
-            engine.add_app("a", 0.0, slowdown=SLOW)
-            engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+            engine = _with_a(rank)
             ranked[who, rank] = engine.run_round(500.0, {"a": Agent(the_app, name="a"), "busy": Agent(_app())}).rho["a"]
     assert ranked["liar", "reported"] > 1.05 * ranked["truth", "reported"]
     assert ranked["liar", "measured"] == pytest.approx(ranked["truth", "measured"], rel=1e-12)
@@ -138,9 +148,7 @@ GOOD_PHASE = (0.0, 10.0, 50.0, 80.0, 0.0)
 def test_a_bad_work_claim_is_refused_with_what_is_wrong(claim, words):
     """The claim is checked against what the arbiter knows (D21): an app holding two GPUs of one
     rack has no job spanning racks; times are finite and not negative; the claim fits the holding."""
-    engine = _engine()
-    engine.add_app("a", 0.0, slowdown=SLOW)
-    engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+    engine = _with_a()
     rnd = engine.open_round(500.0)
     with pytest.raises(InvalidReport, match=words):
         rnd.report("a", _report(claim))
@@ -162,7 +170,7 @@ def test_an_app_whose_slowdowns_the_arbiter_does_not_know_is_ranked_by_its_repor
     engine.add_app("a", 0.0)
     engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
     rnd = engine.open_round(500.0)
-    request = next(r for r in rnd.requests if r.app == "a")
+    request = _request(rnd)
     assert "work" not in request.extras
     rnd.report("a", RhoReport(0.75, 16))
     assert rnd._reports["a"].rho == 0.75
@@ -191,9 +199,7 @@ def test_a_claim_whose_ideal_time_is_zero_or_infinite_is_refused_with_the_reason
     (finite, > 0) can still make it 0 (the smallest double over 4 GPUs underflows) or infinite
     (overflow), and the arbiter must refuse the claim with the reason (D21), not divide by zero
     (a ZeroDivisionError in the report handler) or rank the app by inf / inf."""
-    engine = _engine()
-    engine.add_app("a", 0.0, slowdown=SLOW)
-    engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+    engine = _with_a()
     rnd = engine.open_round(500.0)
     with pytest.raises(InvalidReport, match="T_id"):
         rnd.report("a", _report(WorkClaim(work_gpu_s, demand_max, (GOOD_PHASE,))))
@@ -211,12 +217,9 @@ def test_a_measured_rank_is_computed_on_what_the_request_named(meanwhile, holds)
     was refused as beyond the one GPU left). A truthful app ranks as by its report."""
     ranked = {}
     for rank in ("reported", "measured"):
-        engine = _engine(rank)
-        engine.add_app("a", 0.0, slowdown=SLOW)
-        if holds:
-            engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+        engine = _with_a(rank, holds=holds)
         rnd = engine.open_round(2.0)
-        request = next(r for r in rnd.requests if r.app == "a")
+        request = _request(rnd)
         if meanwhile == "another app arrives":
             engine.add_app("late", 3.0)
         else:
@@ -241,12 +244,10 @@ def test_a_finished_search_still_holding_gpus_is_ranked_as_by_its_report():
     assert done.current_phase() > done.num_phases() and done.demand_now() == 0
     ranked = {}
     for rank in ("reported", "measured"):
-        engine = _engine(rank)
-        engine.add_app("a", 0.0, slowdown=SLOW)
+        engine = _with_a(rank)
         engine.set_demand("a", 8, 0.0)
-        engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
         rnd = engine.open_round(500.0)
-        rnd.report("a", Agent(done, name="a").report(next(r for r in rnd.requests if r.app == "a")))
+        rnd.report("a", Agent(done, name="a").report(_request(rnd)))
         ranked[rank] = rnd._reports["a"]
         rnd.abandon()
     assert ranked["measured"].demand == 0
@@ -262,12 +263,31 @@ def test_an_app_holding_nothing_with_no_work_left_is_ranked_as_by_its_report():
     assert idle.budget() > 0 and shared_time_left(idle, []) == 0
     ranked = {}
     for rank in ("reported", "measured"):
-        engine = _engine(rank)
-        engine.add_app("a", 0.0, slowdown=SLOW)
+        engine = _with_a(rank, holds=False)
         rnd = engine.open_round(500.0)
-        report = Agent(idle, name="a").report(next(r for r in rnd.requests if r.app == "a"))
+        report = Agent(idle, name="a").report(_request(rnd))
         rnd.report("a", replace(report, demand=2))  # the demand it still states
         ranked[rank] = rnd._reports["a"].rho
         rnd.abandon()
     assert math.isfinite(ranked["reported"])
     assert ranked["measured"] == pytest.approx(ranked["reported"], rel=1e-12)
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_claimed_demand_max_counts_only_up_to_what_the_app_has_asked_for(holds):
+    """D28: T_id = B / min(R_C, demand_max) x N_avg, so claiming it could use four times the GPUs
+    it can shrinks T_id by as much and ranks it as worse off (23.9% of the audit's one-round cases
+    paid). The arbiter takes demand_max only up to the most GPUs the app has stated it could use
+    (its reports and demand updates) or held: the lie alone moves nothing; stating the demand too
+    -- which its rows, the offers and the leftover tiers are then held to -- still does."""
+    from simulator.strategic import StrategicAgent, make_strategy
+
+    ranked = {}
+    for lie in ("truthful", "overstate-demand-max", "overstate-demand"):
+        engine = _with_a(holds=holds)
+        rnd = engine.open_round(500.0)
+        rnd.report("a", StrategicAgent(_app(), make_strategy(lie, 300), "a").report(_request(rnd)))
+        ranked[lie] = rnd._reports["a"].rho if holds else rnd._reports["a"].rho_wait
+        rnd.abandon()
+    assert ranked["overstate-demand-max"] == pytest.approx(ranked["truthful"], rel=1e-12)
+    assert ranked["overstate-demand"] > 1.5 * ranked["truthful"]

@@ -131,7 +131,8 @@ def test_leases_expire_and_their_gpus_are_offered_again(run):
     assert expiring
     for r in expiring:
         assert {lease.gpu for lease in r.expired} <= r.offered
-        assert all(lease.expires_at <= r.now for lease in r.expired)
+        assert all(lease.expires_at <= r.now for lease in r.expired if lease not in r.reclaimed)
+        assert set(r.reclaimed) <= set(r.expired)
 
 
 def test_the_offer_goes_to_the_worst_rho_apps_and_a_reserve_after_them(run):

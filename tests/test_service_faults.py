@@ -129,8 +129,10 @@ def lease_map(leases) -> dict[str, tuple[str, float, float, int]]:
 
 
 def sigkill_arbiter(tmp_path: Path) -> ArbiterProcess:
+    """The stalling app of ``kill_mid_round`` holds nothing while a and b hold every GPU: with D27 its
+    arrival would end their leases beyond their share, and the test's count of leases is of D10's."""
     return ArbiterProcess(tmp_path, ["--cluster", str(cluster_file(tmp_path)), "--db", str(tmp_path / "arbiter.db"),
-                                     "--lease", "30", "--report-timeout", "2", "--bid-timeout", "2"])
+                                     "--lease", "30", "--report-timeout", "2", "--bid-timeout", "2", "--no-reclaim"])
 
 
 async def kill_mid_round(server: ArbiterProcess) -> SimpleNamespace:
@@ -296,7 +298,10 @@ def test_agent_process_killed_mid_round_round_completes_and_its_leases_are_reauc
     script.write_text(VICTIM)
 
     async def scenario():
-        async with arbiter(tmp_path, lease_s=6.0, fairness_knob=0.0, report_timeout_s=2.0, bid_timeout_s=2.0) as server:
+        # reclaim=False: g1 arrives holding nothing while the victim holds the whole cluster; D27 would
+        # end the victim's leases beyond its share, and this test follows them to their expiry (D10)
+        async with arbiter(tmp_path, lease_s=6.0, fairness_knob=0.0, report_timeout_s=2.0, bid_timeout_s=2.0,
+                           reclaim=False) as server:
             engine = server.service.engine
             env = {**os.environ, "THEMIS_CREDENTIAL": await credential(server, "victim")}
             proc = await asyncio.create_subprocess_exec(sys.executable, str(script), target(server), cwd=REPO, env=env,

@@ -37,6 +37,7 @@ class RoundContext:
     previous: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPUs whose lease just ran out
     offered: tuple[str, ...] = ()  # apps that got this round's offer, in the policy's order (D6, D13)
     ranked: int = 0  # apps ranked when the offer went out (N of D6; fixed for the round)
+    round_seed: str = ""  # the round's seed (D24), for draws that must not depend on the others'
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,21 @@ class ThemisPolicy(Policy):
         chosen = ranked[: filtered(len(ranked), self.fairness_knob)]
         return fill_offer(chosen, ranked, ctx.unmet, len(ctx.free)) if self.fill else chosen
 
+    def ranking(self, ctx: RoundContext) -> list[str]:
+        """Every app that reported this round, worst off first (D13): the offered apps in the
+        order they were offered, then the others by rho, exact ties broken by a draw of their own
+        from the round's seed (D24), so that no app wins every tie by its name and the order does
+        not depend on which other apps tied."""
+        offered = [a for a in ctx.offered if a in ctx.reports]
+        rest = {a: r.rho for a, r in ctx.reports.items() if a not in set(offered)}
+        waiting = {a: ctx.reports[a].rho_wait for a in rest}
+
+        def key(app: str) -> tuple[float, float, float, str]:
+            wait = waiting[app] if math.isinf(rest[app]) else 0.0
+            return (-rest[app], -wait, random.Random(f"{ctx.round_seed}:rank:{app}").random(), app)
+
+        return offered + sorted(rest, key=key)
+
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
         stage = set(ctx.offered[: filtered(ctx.ranked or len(ctx.unmet), self.fairness_knob)])
         priority = [a for a in ctx.offered if a in bids and a in stage]
@@ -117,7 +132,7 @@ class ThemisPolicy(Policy):
         # Tier 1 was the queued apps' turn, by their own rows; a queued app none of whose rows fit
         # gets no random gift after it: a gift of its whole unmet demand would pay it to bid rows
         # that cannot fit (only its biggest rows, overstated rho) and skip its turn (D9).
-        extra = hand_out_leftover(pool, unmet, bids, rng=ctx.rng, position=ctx.position,
+        extra = hand_out_leftover(pool, unmet, bids, order=self.ranking(ctx), position=ctx.position,
                                   previous=ctx.previous, offered=ctx.offered,
                                   served=set(outcome.granted) | set(queued), held=ctx.held)
         granted = dict(outcome.granted)
