@@ -27,8 +27,11 @@ from machine import machine_info
 from rich.console import Console
 from rich.table import Table
 
-# Run as a script, this folder comes first on sys.path, and its simulator.py would hide the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# Run as a script, this folder comes first on sys.path, and its simulator.py would hide the package:
+# the repository goes first and this folder last, not away, because the seeds run in spawned
+# processes, which import this script (and machine) again with the parent's path.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from simulator.runs import run_seeds  # noqa: E402
 from simulator.seeds import fmt, interval  # noqa: E402
