@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from arbiter.auction import RHO_MAX, RHO_MIN
 from protos.messages import WORK_COLUMNS, PhaseWork, WorkClaim
 
-__all__ = ["MAX_PHASES", "RANKS", "BadWorkClaim", "check_claim", "check_rank", "measured_rho", "time_left"]
+__all__ = ["MAX_PHASES", "PACE_BAND", "PACE_MAX", "RANKS", "BadWorkClaim", "Pace", "check_claim", "check_rank",
+           "measured_rho", "time_left"]
 
 #: Where the rho that ranks an app comes from (D21): its report, or its claimed work at slowdowns
 #: the arbiter knows.
@@ -42,6 +44,14 @@ RANKS = ("reported", "measured")
 # every report was refused); 1,024 phases admit s_max up to 43 (990), about 3 ms of checking.
 MAX_PHASES = 1024
 _SHARE_LEVEL = 1  # D13's fair share is packed on one machine: no job of it spans more
+#: D29: a claimed pace within a factor 1 + PACE_BAND of the observed one is taken as it is. An
+#: honest app's pace is off by what its claim cannot foresee -- later phases estimated at the current
+#: phase's median, restarts inside a holding, jobs kept where they run instead of D3's split: at most
+#: 1.6% on single-job traces (the crowded trace, Fig. 15), factors 0.61-1.33 on searches and
+#: multi-job apps (paper setup, Workloads 1 and 2, 75 apps; the contended workload; session 17)
+PACE_BAND = 0.7
+#: D29: the most the arbiter scales an app's claims by
+PACE_MAX = 10.0
 
 
 class BadWorkClaim(ValueError):
@@ -98,6 +108,39 @@ def check_claim(claim: object, held: int, level: int) -> WorkClaim:
                      _phases(claim.share, "share", _SHARE_LEVEL))
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How fast an app's claimed time left went down while it held the same GPUs (D29).
+
+    Between two reports on exactly the same GPUs, an app that claims its work truthfully burns one
+    second of claimed time left per second held (at the slowdowns the arbiter applies). The arbiter
+    adds up the seconds it watched (``observed_s``) and the claimed time left they burned
+    (``claimed_s``); their ratio is how far the claims are off, whatever the app says they are."""
+
+    observed_s: float = 0.0
+    claimed_s: float = 0.0
+    last: tuple[float, frozenset[str], float] | None = None  # (time, GPUs held, claimed time left then)
+
+    def after(self, now: float, held: frozenset[str], left: float) -> "Pace":
+        """This pace with a report at ``now`` on ``held`` claiming ``left`` seconds (at the arbiter's
+        slowdowns); an interval counts only when the app held the same GPUs at both ends."""
+        observed, claimed = self.observed_s, self.claimed_s
+        if self.last is not None and self.last[1] == held and now > self.last[0]:
+            observed += now - self.last[0]
+            claimed += self.last[2] - left
+        return Pace(observed, claimed, (now, held, left) if held else None)
+
+    def factor(self, enough_s: float) -> float:
+        """By how much the app's claims are scaled: 1 until ``enough_s`` seconds have been watched
+        and while the claims keep pace within PACE_BAND; else observed / claimed, within
+        [1 / PACE_MAX, PACE_MAX] (a claim that never went down while the app held GPUs: PACE_MAX)."""
+        if self.observed_s < enough_s:
+            return 1.0
+        ratio = self.observed_s / self.claimed_s if self.claimed_s > 0 else PACE_MAX
+        ratio = min(PACE_MAX, max(1.0 / PACE_MAX, ratio))
+        return 1.0 if abs(math.log(ratio)) <= math.log1p(PACE_BAND) else ratio
+
+
 def time_left(phases: Sequence[PhaseWork], slowdown: Sequence[float]) -> float:
     """The time left under the claimed phases at placement slowdowns ``slowdown`` (D1 levels 0-3)."""
     s0, s1, s2, s3 = slowdown
@@ -106,7 +149,7 @@ def time_left(phases: Sequence[PhaseWork], slowdown: Sequence[float]) -> float:
 
 
 def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, demand: int, elapsed: float,
-                 n_avg: float, cluster_size: int) -> tuple[float, float]:
+                 n_avg: float, cluster_size: int, pace: float = 1.0) -> tuple[float, float]:
     """(rho, waiting rho) of an app from its checked ``claim`` at ``slowdown`` (D21): rho on what
     it holds (infinity when it holds nothing and has work left), and D13's waiting rho on its fair
     share when it holds nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds
@@ -114,18 +157,24 @@ def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, dema
 
     :class:`BadWorkClaim` when the claim's T_id is not a finite time > 0: a B that passes
     :func:`check_claim` can still underflow to 0 over the app's GPUs (5e-324 / 4; rho would divide by
-    zero) or overflow (rho would be inf / inf), and neither is an app's ideal time."""
+    zero) or overflow (rho would be inf / inf), and neither is an app's ideal time.
+
+    ``pace`` (D29, :meth:`Pace.factor`) scales the claimed time left, and above 1 the claimed work B
+    too: claims that went down slower than the time the app held its GPUs were too small, all of
+    them alike (an app that says it is a smaller app that has waited longer); claims that went down
+    faster were too big, and only the time left is scaled down, never B up or down, so that a
+    correction never ranks an app as worse off than its own claims."""
     gpus = min(cluster_size, max(1, claim.demand_max))
-    t_id = claim.work_gpu_s / gpus * n_avg
+    t_id = claim.work_gpu_s * max(1.0, pace) / gpus * n_avg
     if not (math.isfinite(t_id) and t_id > 0):
         raise BadWorkClaim(f"work_gpu_s {claim.work_gpu_s!r} over {gpus} GPU(s) x N_avg {n_avg:g} gives T_id = "
                            f"{t_id!r}; it must be a finite time > 0 (Eq. 1)")
     since = max(0.0, elapsed)
     if held:
-        return _bounded((since + time_left(claim.held, slowdown)) / t_id), 0.0
+        return _bounded((since + pace * time_left(claim.held, slowdown)) / t_id), 0.0
     if demand <= 0:
         return math.inf, 0.0
-    left = time_left(claim.share, slowdown)
+    left = pace * time_left(claim.share, slowdown)
     if left == 0:  # nothing left to run: no GPU changes its rho, as the agent's own figure says
         return _bounded(since / t_id), 0.0
     share = cluster_size / n_avg

@@ -30,7 +30,7 @@ from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
 from arbiter.lottery import RoundSeeds, commitment
 from arbiter.policies.base import Decision, Policy, RoundContext
-from arbiter.rank import BadWorkClaim, check_claim, check_rank, measured_rho
+from arbiter.rank import BadWorkClaim, Pace, check_claim, check_rank, measured_rho, time_left
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
 DEFAULT_LEASE_S = 600.0
@@ -181,6 +181,8 @@ class RoundEngine:
         #: nothing would otherwise wait for an expiry -- once for each such app until it holds GPUs
         self.reclaim = reclaim
         self.reclaimed_for: set[str] = set()
+        #: D29: how fast each app ranked by its work has burned its claimed time left (measured rank)
+        self.pace: dict[str, Pace] = {}
 
     # -- durable state and a changing cluster ------------------------------------------------
 
@@ -305,6 +307,7 @@ class RoundEngine:
         self._advance(now)
         del self.apps[app]
         self.slowdowns.pop(app, None)
+        self.pace.pop(app, None)
         freed = self.leases.release(app)
         if freed:
             self._note(now)
@@ -552,6 +555,7 @@ class OpenRound:
         self._offers: dict[str, Offer] | None = None
         self._ranked = 0
         self._bids: dict[str, BidTable] = {}
+        self._paces: dict[str, Pace] = {}  # D29: what this round's reports add, kept when it closes
         self.rejected: dict[str, str] = {}
         self._rng = random.Random(self.seed)
 
@@ -605,8 +609,13 @@ class OpenRound:
             most = max(engine.apps[app].most, report.demand, len(held))
             if claim.demand_max > most:
                 claim = replace(claim, demand_max=max(1, most))
-            rho, wait = measured_rho(claim, self.by_work[app], held=len(held), demand=report.demand,
-                                     elapsed=self.now - engine.apps[app].arrived, n_avg=n_avg, cluster_size=size)
+            # D29: the claims held to the pace at which they went down while the app held its GPUs
+            slowdown = self.by_work[app]
+            pace = engine.pace.get(app, Pace()).after(self.now, frozenset(held), time_left(claim.held, slowdown))
+            self._paces[app] = pace
+            rho, wait = measured_rho(claim, slowdown, held=len(held), demand=report.demand,
+                                     elapsed=self.now - engine.apps[app].arrived, n_avg=n_avg, cluster_size=size,
+                                     pace=pace.factor(engine.lease_s))
         except BadWorkClaim as exc:
             raise InvalidReport(f"{app!r}: work claim: {exc}") from None
         return replace(report, rho=rho, rho_wait=wait, work=claim)
@@ -747,6 +756,7 @@ class OpenRound:
                 # granted something or first found an app silent, so follow-ups end.
                 self.engine._note(self.now)
             self.engine.silent = silent
+            self.engine.pace.update((a, p) for a, p in self._paces.items() if a in self.engine.apps)
             return RoundResult(
                 round_id=self.round_id,
                 now=self.now,

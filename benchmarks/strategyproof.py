@@ -75,7 +75,7 @@ LIES: list[tuple[str, float]] = [
     ("inflate-rho-old", 20), ("inflate-rho-old", 50), ("inflate-rho-old", 200),
     ("biggest-rows", 0), ("single-gpu-rows", 0), ("report-inf", 0),
     ("withhold-bid", 0),
-    ("understate-budget", 50), ("understate-budget", 90),
+    ("understate-budget", 50), ("understate-budget", 90), ("understate-work", 90),
     ("overstate-demand-max", 100), ("overstate-demand-max", 300), ("overstate-demand", 100),
 ]
 

@@ -17,6 +17,8 @@ agent's truthful view into what it sends, at a lie size ``level`` in percent. Th
 * ``withhold-bid``: reports truthfully, then sends no bid (as an agent that misses the deadline;
   D22 leases such an app nothing that round).
 * ``understate-budget``: claims a total work B X% smaller (T_id of Eq. 1 shrinks by as much).
+* ``understate-work``: claims all its work X% smaller, done and left alike (B and every remaining
+  iteration): a smaller app that has waited as long, which ranks worse off (D29 watches its pace).
 * ``overstate-demand-max``: claims a demand_max X% bigger (the most GPUs it could use at once).
 * ``overstate-demand``: states a demand, and claims a demand_max, X% bigger than it can use (the lie
   D28 leaves: a measured rank takes demand_max only up to the demands an app has stated).
@@ -224,6 +226,14 @@ class UnderstateBudget(BiddingStrategy):
 
     def budget(self, b: float) -> float:
         return b * (1 - self.x)
+
+
+@strategy
+class UnderstateWork(UnderstateBudget):
+    name = "understate-work"
+
+    def edit(self, job: JobInfo) -> JobInfo:
+        return replace(job, iters_remaining=job.iters_remaining * (1 - self.x))
 
 
 @strategy

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.agent import Agent, packed
-from agent.appsched import FixedJobsApp, JobInfo, SuccessiveHalvingApp
+from agent.appsched import FixedJobsApp, JobInfo, SingleJobApp, SuccessiveHalvingApp
 from agent.fairness import shared_time_left, waiting_rho, work_of_shape
 from agent.placement import canonical_shape
 from arbiter.cluster import load_cluster
@@ -291,3 +291,46 @@ def test_a_claimed_demand_max_counts_only_up_to_what_the_app_has_asked_for(holds
         rnd.abandon()
     assert ranked["overstate-demand-max"] == pytest.approx(ranked["truthful"], rel=1e-12)
     assert ranked["overstate-demand"] > 1.5 * ranked["truthful"]
+
+
+def test_a_pace_counts_only_intervals_on_the_same_gpus_and_scales_only_beyond_its_band():
+    from arbiter.rank import PACE_BAND, PACE_MAX, Pace
+
+    a, b = frozenset({"g0"}), frozenset({"g1"})
+    pace = Pace().after(0.0, a, 1000.0).after(100.0, a, 950.0)  # 100 s held, 50 s of claims burned
+    assert (pace.observed_s, pace.claimed_s) == (100.0, 50.0) and pace.factor(100.0) == 2.0
+    assert pace.factor(101.0) == 1.0  # not watched long enough yet
+    moved = pace.after(200.0, b, 800.0)  # other GPUs: that interval says nothing
+    assert (moved.observed_s, moved.claimed_s) == (100.0, 50.0) and moved.last == (200.0, b, 800.0)
+    assert Pace().after(0.0, a, 100.0).after(0.0, frozenset(), 0.0).last is None
+    near = Pace(1000.0, 1000.0 / (1 + PACE_BAND / 2))
+    assert near.factor(0) == 1.0  # an honest app's few percent
+    assert Pace(1000.0, 0.0).factor(0) == PACE_MAX and Pace(10.0, 1e6).factor(0) == 1 / PACE_MAX
+
+
+@pytest.mark.parametrize("lie", ["understate-work", "misreport-work"])
+def test_claims_that_do_not_keep_pace_with_the_gpus_held_are_scaled_to_it(lie):
+    """D29: an app claiming a fifth of its work (done and left alike: a small app that has waited as
+    long) ranks far worse off than it is; one claiming twice the work it has left ranks worse off too.
+    Neither can be told from the truth in one round. After it has held the same GPUs for longer than
+    a lease, its claimed time left has gone down 5x slower (or 2x faster) than the time it held
+    them, and the arbiter scales its claims by that: it ranks as its true self again."""
+    from simulator.strategic import StrategicAgent, make_strategy
+
+    level = {"understate-work": 80, "misreport-work": 100}[lie]
+    ranked = {}
+    for who in ("truth", "liar"):
+        engine = _engine()
+        engine.lease_s = 300.0
+        engine.add_app("a", 0.0, slowdown=SLOW)
+        app = SingleJobApp(JobInfo(40_000, 0.5, SLOW, 4, "job0"))  # it wants 4 GPUs and holds 2
+        agent = Agent(app, name="a") if who == "truth" else StrategicAgent(app, make_strategy(lie, level), "a")
+        engine.leases.grant("a", SPREAD, now=0.0, expires_at=1e6, round_id=0)
+        rhos = []
+        for now in (500.0, 1500.0):
+            rhos.append(engine.run_round(now, {"a": agent, "busy": Agent(_app())}).rho["a"])
+            engine.release("a", engine.held("a") - set(SPREAD), now)  # it goes on on the same two GPUs
+            app.advance("job0", 1000.0 / (0.5 * SLOW[2] / 2))  # 1,000 s on two GPUs of two machines
+        ranked[who] = rhos
+    assert ranked["liar"][0] > 1.1 * ranked["truth"][0]  # one round: the lie pays
+    assert ranked["liar"][1] == pytest.approx(ranked["truth"][1], rel=1e-9)  # watched: it does not
