@@ -231,10 +231,22 @@ class RoundEngine:
         """Grow the cluster by one machine; its GPUs are free at once (a resource-available
         event, D10). Returns the machine's name."""
         self._advance(now)
+        self._before_add = self.cluster
         self.cluster, name = self.cluster.with_machine(rack, gpus, slots)
         self.added_machines.append((rack, name, gpus, slots or 1))
         self._note(now)
         return name
+
+    def undo_add_machine(self, name: str) -> None:
+        """Take back the machine :meth:`add_machine` just added (the service, when the journal could
+        not record it): only the latest one, and only while none of its GPUs is leased."""
+        if not self.added_machines or self.added_machines[-1][1] != name:
+            raise ValueError(f"{name!r} is not the machine added last")
+        if any(self.leases.holder(g) for g in self.cluster.machines[name]):
+            raise ValueError(f"{name!r} has leased GPUs")
+        self.cluster = self._before_add
+        self.added_machines.pop()
+        self.drained.discard(name)
 
     def drain(self, machine: str) -> None:
         """No new grants on ``machine``; the leases on it run out as usual."""

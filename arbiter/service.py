@@ -55,7 +55,7 @@ from arbiter.policies import POLICIES, make_policy
 from arbiter.rank import check_rank
 from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult, cut_reason
 from arbiter.service_metrics import ServiceMetrics
-from arbiter.store import Store
+from arbiter.store import Store, StoreError
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 from protos import wire
@@ -337,12 +337,37 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         started = time.perf_counter()
         try:
             self.store.save(self.engine.state(), settings=asdict(self.settings), rho=rho, round_summary=summary)
+            self.store.flush()  # revocations an earlier failure kept in memory only
         except Exception as exc:
             self.problems["journal"] = f"journal write failed: {exc}"
             self.metrics.journal_failures.inc()
             raise
         self.problems.pop("journal", None)
         self.metrics.journal_latency.observe(time.perf_counter() - started)
+
+    async def _durable(self, context, what: str, undo: Callable[[], None] | None = None) -> None:
+        """Journal a change an admin asked for before answering (issue 32: fail closed). When the
+        journal cannot be written the call is refused with UNAVAILABLE and the cause, and ``undo``
+        puts memory back as it was: nothing is acknowledged that a restart would not have."""
+        try:
+            self.journal()
+        except Exception as exc:
+            if undo is not None:
+                undo()
+            log.error("refused: the journal cannot be written", extra={"fields": {"call": what, "cause": str(exc)}})
+            await context.abort(grpc.StatusCode.UNAVAILABLE, cut_reason(f"{what} was not done: {exc}"))
+
+    def _journal_failed(self, exc: BaseException) -> None:
+        """A write the store refused: health shows it until a write succeeds again."""
+        self.problems["journal"] = f"journal write failed: {exc}"
+        self.metrics.journal_failures.inc()
+        log.error("the journal cannot be written", extra={"fields": {"cause": str(exc)}})
+
+    async def _journal_works(self, context, what: str) -> None:
+        """While the journal is failing, a mutating call is refused before it changes anything
+        (after one more write, in case the journal has recovered)."""
+        if "journal" in self.problems:
+            await self._durable(context, what)
 
     def republish_state(self) -> None:
         """Retained state for late subscribers: every GPU's lease and every app's leases."""
@@ -722,14 +747,19 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         if self.store.token_app(credential, "credential") != app:  # revoked while it waited
             await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "this credential was revoked")
         now = self.clock()
-        if app not in self.engine.apps:
+        new = app not in self.engine.apps
+        if new:
             if len(self.engine.apps) >= MAX_APPS:
                 await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"the arbiter runs at most {MAX_APPS} apps")
             self.engine.add_app(app, now, slowdown=self._slowdown_of(app))
+        before = (self.engine.apps[app].demand, self.engine.apps[app].most)
         self.engine.set_demand(app, first.hello.demand, now)
         self.engine.note_ready(app, now)
-        with contextlib.suppress(Exception):  # a failing journal must not refuse agents; health shows it
-            self.journal()
+        # A reconnect that changes nothing journaled writes nothing: a flood of Hellos used to write
+        # the whole journal each, and its latency turned health NOT_SERVING (issue 32).
+        if new or (self.engine.apps[app].demand, self.engine.apps[app].most) != before:
+            with contextlib.suppress(Exception):  # a failing journal must not refuse agents; health shows it
+                self.journal()
         self.kick()
         old = self.conns.get(app)
         if old is not None:
@@ -1011,14 +1041,19 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown model {_quote([request.model])[2:-2]!r}; the profile table has "
                                 f"{', '.join(sorted(self.profiles)) or 'none'} (serve --profiles FILE adds models)")
-        if request.model:  # before the token exists: a crash between the two leaves no token without it
-            self.store.bind_model(request.app, request.model)
-            self.models[request.app] = request.model
-            if request.app in self.engine.apps:  # from the next round on (an open one keeps its own, D21)
-                self.engine.set_slowdown(request.app, self._slowdown_of(request.app))
-            log.info("model bound", extra={"fields": {"app": request.app, "model": request.model}})
-        token = new_secret("reg")
-        self.store.add_token(token, request.app, "registration")
+        await self._journal_works(context, "IssueToken")
+        try:
+            if request.model:  # before the token exists: a crash between the two leaves no token without it
+                self.store.bind_model(request.app, request.model)
+                self.models[request.app] = request.model
+                if request.app in self.engine.apps:  # from the next round on (an open one keeps its own, D21)
+                    self.engine.set_slowdown(request.app, self._slowdown_of(request.app))
+                log.info("model bound", extra={"fields": {"app": request.app, "model": request.model}})
+            token = new_secret("reg")
+            self.store.add_token(token, request.app, "registration")
+        except StoreError as exc:  # no token is handed out that the journal does not have
+            self._journal_failed(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, cut_reason(f"IssueToken was not done: {exc}"))
         return pb.IssueTokenReply(app=request.app, token=token)
 
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterReply:
@@ -1038,7 +1073,12 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"this registration token is for {owner!r}, not {request.app!r}")
         credential = new_secret("app")
-        if not self.store.exchange_token(token, credential, request.app):
+        try:
+            exchanged = self.store.exchange_token(token, credential, request.app)
+        except StoreError as exc:  # the token stays unused, and no credential is handed out
+            self._journal_failed(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, cut_reason(f"Register was not done: {exc}"))
+        if not exchanged:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown or used registration token")
         conn = self.conns.get(request.app)
         if conn is not None:
@@ -1152,9 +1192,10 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         await self._engine_free()
+        await self._journal_works(context, "UpdateSettings")
+        old = self.settings
         self.apply_settings(new)
-        with contextlib.suppress(Exception):
-            self.journal()
+        await self._durable(context, "UpdateSettings", lambda: self.apply_settings(old))
         log.info("settings", extra={"fields": asdict(new)})
         return self._settings_pb()
 
@@ -1192,12 +1233,12 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"{MAX_ADDED_MACHINES} machines were added already (the limit)")
         await self._engine_free()
+        await self._journal_works(context, "AddMachine")
         try:
             name = self.engine.add_machine(request.rack, request.gpus, request.slots or 1, self.clock())
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        with contextlib.suppress(Exception):
-            self.journal()
+        await self._durable(context, "AddMachine", lambda: self.engine.undo_add_machine(name))
         for gpu in self.engine.cluster.machines[name]:
             self._publish_gpu(gpu)
         self.kick()
@@ -1210,6 +1251,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"machine name must be 1-{NAME_MAX} characters, got {len(request.machine)}")
         await self._engine_free()
+        await self._journal_works(context, "DrainMachine")
+        was_drained = request.machine in self.engine.drained
         try:
             if request.resume:
                 self.engine.resume(request.machine, self.clock())
@@ -1217,8 +1260,11 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 self.engine.drain(request.machine)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
-        with contextlib.suppress(Exception):
-            self.journal()
+
+        def undo() -> None:
+            (self.engine.drained.add if was_drained else self.engine.drained.discard)(request.machine)
+
+        await self._durable(context, "DrainMachine", undo)
         if request.resume:
             self.kick()  # its free GPUs are worth a round
         log.info("machine resumed" if request.resume else "machine drained",
@@ -1233,8 +1279,16 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         await self._need_app_name(request.app, context)
         if not self._known(request.app):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
-        self.store.revoke(request.app)
-        self.store.unbind_model(request.app)
+        await self._journal_works(context, "RemoveApp")
+        try:
+            self.store.revoke(request.app)  # fails closed: refused in memory even when not written
+            self.store.unbind_model(request.app)
+        except StoreError as exc:
+            self._journal_failed(exc)
+            conn = self.conns.get(request.app)
+            if conn is not None:
+                conn.end(StreamEnd("revoked", f"the credential of {request.app!r} was revoked by an admin"))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, cut_reason(f"RemoveApp was not done: {exc}"))
         self.models.pop(request.app, None)
         end = StreamEnd("removed", f"{request.app!r} was removed by an admin: its leases ended")
         if request.app in self.engine.apps:
@@ -1252,10 +1306,17 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         await self._need_app_name(request.app, context)
         if not self._known(request.app):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
-        revoked = self.store.revoke(request.app)
+        failure = ""
+        try:
+            revoked = self.store.revoke(request.app)
+        except StoreError as exc:  # refused in memory all the same (fail closed), and said so
+            self._journal_failed(exc)
+            revoked, failure = None, str(exc)
         conn = self.conns.get(request.app)
         if conn is not None:
             conn.end(StreamEnd("revoked", f"the credential of {request.app!r} was revoked by an admin"))
+        if revoked is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, cut_reason(f"RevokeCredential: {failure}"))
         log.info("credential revoked", extra={"fields": {"app": request.app, "tokens": revoked}})
         return self._app_state(request.app)
 

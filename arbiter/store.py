@@ -16,14 +16,16 @@ draws every round's numbers as the one before it would have.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import math
 import os
+import shutil
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,13 @@ class Store:
         self.path = Path(path)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            # Exclusive before WAL: SQLite then keeps the WAL index in the process's heap instead of a
+            # memory-mapped -shm file. A mapped file the process cannot write (made read-only or
+            # immutable under it, or on a full disk) faults on the next write with SIGBUS, which
+            # killed the arbiter without a word; a write that fails now raises, and the service
+            # refuses mutations and turns NOT_SERVING. Only the arbiter opens its journal (the
+            # journal's lock file says so), so nothing else needs the shared index.
+            self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA busy_timeout=5000")
@@ -102,6 +111,10 @@ class Store:
                 self.db.execute("ALTER TABLE apps ADD COLUMN most INTEGER NOT NULL DEFAULT 0")
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot use it as the journal: {exc}") from None
+        self._inode = os.stat(self.path).st_ino
+        #: token hashes revoked in memory whose deletion the journal could not write yet: refused
+        #: all the same, and deleted when a write succeeds again (:meth:`flush`)
+        self._revoked: dict[str, str] = {}
         version = self._meta("schema_version")
         if version is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
@@ -111,6 +124,50 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
+    def _cause(self, exc: BaseException) -> str:
+        """What went wrong with a write, in words an operator can act on: SQLite says "disk I/O
+        error" for a read-only or immutable file and for a full disk alike."""
+        where = f"the journal {self.path} cannot be written"
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            free = None
+        hint = ("the disk is full" if free is not None and free < (1 << 20)
+                else "is the file (or its -wal) read-only or immutable?")
+        return f"{where}: {exc} ({hint})"
+
+    def _check_file(self) -> None:
+        """A journal file removed or replaced under the arbiter would take every write into a file
+        no restart reads: refused like a failed write."""
+        try:
+            inode = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            raise StoreError(f"the journal {self.path} was removed: nothing written now would survive a restart") from None
+        if inode != self._inode:
+            raise StoreError(f"the journal {self.path} was replaced by another file: nothing written now would "
+                             "survive a restart")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction; any failure is a :class:`StoreError` with its real cause, and
+        nothing of it is kept (the rollback of a transaction SQLite already ended is not an error:
+        it used to hide "disk full" behind "cannot rollback")."""
+        self._check_file()
+        cur = self.db.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(self._cause(exc)) from None
+        try:
+            yield cur
+            cur.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                cur.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(self._cause(exc)) from None
+            raise
+
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
@@ -119,19 +176,13 @@ class Store:
         """The secret every round's seed is derived from (D24): the journaled one, or a new one
         from the CSPRNG, journaled before it is returned (so no round is ever drawn from a secret
         a restart would not have)."""
-        cur = self.db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as cur:
             row = cur.execute("SELECT value FROM meta WHERE key = 'lottery_secret'").fetchone()
             if row is None:
                 secret = new_secret()
                 cur.execute("INSERT INTO meta VALUES ('lottery_secret', ?)", (json.dumps(secret.hex()),))
             else:
                 secret = bytes.fromhex(json.loads(row[0]))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
         return secret
 
     # -- engine state ----------------------------------------------------------------------
@@ -162,9 +213,7 @@ class Store:
             "added_machines": [list(m) for m in state.added_machines],
             "settings": dict(settings),
         }
-        cur = self.db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as cur:
             cur.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()])
             old_rho = dict(cur.execute("SELECT app, last_rho FROM apps").fetchall())
             cur.execute("DELETE FROM apps")
@@ -188,10 +237,6 @@ class Store:
                     (round_summary["round_id"], round_summary["now"], json.dumps(round_summary)),
                 )
                 cur.execute("DELETE FROM rounds WHERE round_id <= ?", (round_summary["round_id"] - ROUNDS_KEPT,))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
 
     def load(self) -> tuple[EngineState, dict[str, Any]] | None:
         """The journaled state and settings, or None for a new journal."""
@@ -228,10 +273,14 @@ class Store:
     # -- tokens ----------------------------------------------------------------------------
 
     def add_token(self, token: str, app: str, kind: str) -> None:
-        self.db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (token_hash(token), app, kind, time.time()))
+        with self._transaction() as cur:
+            cur.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (token_hash(token), app, kind, time.time()))
 
     def token_app(self, token: str, kind: str) -> str | None:
-        row = self.db.execute("SELECT app FROM tokens WHERE hash = ? AND kind = ?", (token_hash(token), kind)).fetchone()
+        digest = token_hash(token)
+        if digest in self._revoked:
+            return None
+        row = self.db.execute("SELECT app FROM tokens WHERE hash = ? AND kind = ?", (digest, kind)).fetchone()
         return row[0] if row else None
 
     def exchange_token(self, registration: str, credential: str, app: str) -> bool:
@@ -239,25 +288,42 @@ class Store:
         failure must not consume the token without issuing the credential). The app's older
         credentials are revoked with it (issue 12: re-registering revokes the old credential).
         False if the token was used meanwhile."""
-        cur = self.db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as cur:
             cur.execute("DELETE FROM tokens WHERE hash = ? AND kind = 'registration' AND app = ?",
                         (token_hash(registration), app))
             if cur.rowcount != 1:
-                cur.execute("ROLLBACK")
-                return False
+                return False  # nothing was changed: the commit writes nothing
             cur.execute("DELETE FROM tokens WHERE app = ? AND kind = 'credential'", (app,))
             cur.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (token_hash(credential), app, "credential", time.time()))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
         return True
 
     def revoke(self, app: str) -> int:
-        """Every credential and unused registration token of ``app``; returns how many."""
-        return self.db.execute("DELETE FROM tokens WHERE app = ?", (app,)).rowcount
+        """Every credential and unused registration token of ``app``; returns how many. Fails
+        closed: when the deletion cannot be written, the tokens are refused from now on all the
+        same (:meth:`token_app`), the deletion is tried again at the next :meth:`flush`, and the
+        :class:`StoreError` says that it is not durable yet."""
+        hashes = [h for (h,) in self.db.execute("SELECT hash FROM tokens WHERE app = ?", (app,))]
+        for digest in hashes:
+            self._revoked[digest] = app
+        try:
+            with self._transaction() as cur:
+                count = cur.execute("DELETE FROM tokens WHERE app = ?", (app,)).rowcount
+        except StoreError as exc:
+            raise StoreError(f"{exc}; the app's {len(hashes)} token(s) are refused from now on, but a "
+                             "restart before the journal can be written would accept them again") from None
+        for digest in hashes:
+            self._revoked.pop(digest, None)
+        return count
+
+    def flush(self) -> None:
+        """Write the revocations the journal could not write before (a no-op when there are none)."""
+        for app in sorted(set(self._revoked.values())):
+            self.revoke(app)
+
+    @property
+    def unwritten(self) -> int:
+        """Tokens revoked in memory only (what a restart now would lose)."""
+        return len(self._revoked)
 
     def registered(self, app: str) -> bool:
         """Whether ``app`` holds a credential or an unused registration token."""
@@ -271,11 +337,13 @@ class Store:
 
     def bind_model(self, app: str, model: str) -> None:
         """The app's model, as an admin named it when issuing its token: its placement slowdowns."""
-        self.db.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (app, model))
+        with self._transaction() as cur:
+            cur.execute("INSERT OR REPLACE INTO models VALUES (?, ?)", (app, model))
 
     def unbind_model(self, app: str) -> None:
         """The app leaves for good (RemoveApp): a later app of the same name starts unbound."""
-        self.db.execute("DELETE FROM models WHERE app = ?", (app,))
+        with self._transaction() as cur:
+            cur.execute("DELETE FROM models WHERE app = ?", (app,))
 
     def models(self) -> dict[str, str]:
         """App -> model for every app an admin bound to one."""

@@ -525,12 +525,18 @@ def test_health_is_not_serving_while_the_journal_fails(tmp_path):
 
             assert await status() == health_pb2.HealthCheckResponse.SERVING
             server.service.store.db.execute("PRAGMA query_only=ON")  # every write now fails in SQLite
-            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5), metadata=meta)
+            # issue 32: a change the journal cannot record is refused, not acknowledged and lost
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5), metadata=meta)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "UpdateSettings was not done" in refused.value.details()
+            assert server.service.settings.fairness_knob == 0.8  # memory as it was
             while await status() != health_pb2.HealthCheckResponse.NOT_SERVING:
                 await asyncio.sleep(0.05)
             assert "journal" in server.service.problems
             server.service.store.db.execute("PRAGMA query_only=OFF")
             await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.6), metadata=meta)
+            assert server.service.settings.fairness_knob == 0.6
             while await status() != health_pb2.HealthCheckResponse.SERVING:
                 await asyncio.sleep(0.05)
             await ch.close()

@@ -1,0 +1,183 @@
+"""The service under a broken journal and floods (issue 32), against a real arbiter on loopback.
+
+What an independent client found: an immutable journal killed the arbiter with SIGBUS (its WAL index
+was a memory-mapped file); admin calls answered OK while the journal failed and were gone after a
+restart; a revocation on a failing journal answered UNKNOWN and left the credential working; every
+Hello rewrote the whole journal. Each test here is one of those, bounded in time, loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agent.client import channel, issue_token, register
+from arbiter.service import ArbiterService
+from protos import themis_pb2 as pb
+from protos import themis_pb2_grpc as pb_grpc
+from tests.service_kit import ADMIN, RawStream, admin_stub, arbiter, cluster_file, credential, wait_for
+from tests.test_service_faults import ArbiterProcess, run, serving
+
+META = [("authorization", f"Bearer {ADMIN}")]
+
+
+def _immutable(paths: list[Path], on: bool) -> None:
+    """``chattr +i`` (or ``-i``): not even root may write the file; what a read-only disk looks like."""
+    subprocess.run(["chattr", "+i" if on else "-i", *map(str, paths)], check=True)
+
+
+async def _refused(call) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+def test_an_immutable_journal_is_survived_refused_and_recovered_from(tmp_path):
+    """No SIGBUS (the WAL index lives in the process, D: arbiter/store.py), health NOT_SERVING with
+    the cause, every mutating admin call refused with UNAVAILABLE and what was not done, nothing of
+    them applied; once the files are writable again, calls work and a kill -9 keeps what was
+    acknowledged and nothing else."""
+    db = tmp_path / "arbiter.db"
+    server = ArbiterProcess(tmp_path, ["--cluster", str(cluster_file(tmp_path)), "--db", str(db)])
+    files = [db, tmp_path / "arbiter.db-wal"]
+
+    async def scenario():
+        await server.start()
+        async with channel(server.target) as ch:
+            stub = pb_grpc.ArbiterStub(ch)
+            await stub.DrainMachine(pb.DrainMachineRequest(machine="r0-m1"), metadata=META)  # durable
+            _immutable(files, True)
+            try:
+                calls = {
+                    "UpdateSettings": stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5), metadata=META),
+                    "AddMachine": stub.AddMachine(pb.AddMachineRequest(rack="r9", gpus=2), metadata=META),
+                    "DrainMachine": stub.DrainMachine(pb.DrainMachineRequest(machine="r0-m1", resume=True),
+                                                      metadata=META),
+                    "IssueToken": stub.IssueToken(pb.IssueTokenRequest(app="late"), metadata=META),
+                }
+                for name, call in calls.items():
+                    err = await _refused(call)
+                    assert err.code() == grpc.StatusCode.UNAVAILABLE, (name, err.details())
+                    assert "not done" in err.details() and "cannot be written" in err.details(), err.details()
+                deadline = asyncio.get_running_loop().time() + 10
+                while await serving(server.target):  # health follows within its tick
+                    assert asyncio.get_running_loop().time() < deadline, "health stayed SERVING"
+                    await asyncio.sleep(0.05)
+                assert server.proc.poll() is None  # alive
+                state = await stub.GetClusterState(pb.ClusterStateRequest(), metadata=META)
+                assert state.settings.fairness_knob == pytest.approx(0.8) and state.size == 8
+                assert list(state.drained_machines) == ["r0-m1"]
+            finally:
+                _immutable(files, False)
+            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.6), metadata=META)  # works again
+            deadline = asyncio.get_running_loop().time() + 10
+            while not await serving(server.target):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+        server.kill()
+        await server.start()
+        async with channel(server.target) as ch:
+            state = await pb_grpc.ArbiterStub(ch).GetClusterState(pb.ClusterStateRequest(), metadata=META)
+        assert state.settings.fairness_knob == pytest.approx(0.6) and state.size == 8
+        assert list(state.drained_machines) == ["r0-m1"]
+
+    try:
+        run(scenario(), timeout=90)
+    finally:
+        with contextlib.suppress(Exception):
+            _immutable(files, False)
+        server.kill()
+    assert "Bus error" not in server.log.read_text()
+
+
+def test_a_removed_journal_file_refuses_what_it_could_not_keep(tmp_path):
+    """SQLite writes on into a deleted file, which no restart reads: the arbiter checks that its
+    journal is still the file it opened, and refuses the change with the cause."""
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            stub, meta, ch = admin_stub(server)
+            (tmp_path / "arbiter.db").unlink()
+            err = await _refused(stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5), metadata=meta))
+            assert err.code() == grpc.StatusCode.UNAVAILABLE and "was removed" in err.details()
+            assert server.service.settings.fairness_knob == 0.8
+            await ch.close()
+
+    run(scenario())
+
+
+def test_a_revocation_the_journal_cannot_write_still_refuses_the_credential_and_is_written_later(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            cred = await credential(server, "a")
+            stub, meta, ch = admin_stub(server)
+            server.service.store.db.execute("PRAGMA query_only=ON")  # every write fails (a full disk)
+            err = await _refused(stub.RevokeCredential(pb.RevokeCredentialRequest(app="a"), metadata=meta))
+            assert err.code() == grpc.StatusCode.UNAVAILABLE and "refused from now on" in err.details()
+            stream = RawStream(server, "a", cred)
+            stream.send(hello=pb.Hello(app="a", demand=1))
+            await wait_for(lambda: stream.call.done(), 10)
+            assert await stream.call.code() == grpc.StatusCode.UNAUTHENTICATED  # refused, not accepted
+            await stream.close()
+            assert server.service.store.unwritten == 1
+            server.service.store.db.execute("PRAGMA query_only=OFF")
+            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.6), metadata=meta)  # a write that works
+            assert server.service.store.unwritten == 0  # the revocation went with it
+            await ch.close()
+        async with arbiter(tmp_path) as server:  # and a restart keeps it
+            assert server.service.store.token_app(cred, "credential") is None
+
+    run(scenario())
+
+
+def test_a_reconnect_that_changes_nothing_writes_no_journal(tmp_path):
+    """A Hello flood from one app (every reconnect rewrote the whole journal, and its latency turned
+    health NOT_SERVING in 2 of 5 runs): the first Hello writes, identical ones after it do not."""
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            cred = await credential(server, "a")
+            writes = []
+            original = ArbiterService.journal
+
+            def counted(self, *args, **kw):
+                writes.append(args)
+                return original(self, *args, **kw)
+
+            ArbiterService.journal = counted
+            try:
+                for k in range(30):
+                    stream = RawStream(server, "a", cred)
+                    stream.send(hello=pb.Hello(app="a", demand=0))
+                    await stream.next("welcome")
+                    await stream.close()
+                    await wait_for(lambda: "a" not in server.service.conns or k == 29)
+            finally:
+                ArbiterService.journal = original
+            hellos = [w for w in writes if not w]  # rounds journal with their result; Hellos without
+            assert len(hellos) <= 2, len(hellos)  # the first Hello, and at most a stray event's write
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                reply = await health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service="themis.v1.Arbiter"))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    run(scenario())
+
+
+def test_register_on_a_failing_journal_hands_out_no_credential(tmp_path):
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            target = f"127.0.0.1:{server.port}"
+            token = await issue_token(target, "b", ADMIN)
+            server.service.store.db.execute("PRAGMA query_only=ON")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await register(target, "b", token)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "Register was not done" in info.value.details()
+            server.service.store.db.execute("PRAGMA query_only=OFF")
+            assert await register(target, "b", token)  # the token was not used up
+
+    run(scenario())
