@@ -72,6 +72,32 @@ def _port(text: str) -> int:
     return port
 
 
+def _limit(text: str) -> tuple[str, float]:
+    from dataclasses import fields
+
+    from arbiter.limits import Limits
+
+    name, sep, value = text.partition("=")
+    names = [f.name for f in fields(Limits)]
+    if not sep or name not in names:
+        raise argparse.ArgumentTypeError(f"a limit is NAME=VALUE with NAME one of {', '.join(names)}; got {text!r}")
+    try:
+        return name, (float(value) if name.endswith("_s") else int(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"limit {name}: not a number: {value!r}") from None
+
+
+def _limits(pairs: list[tuple[str, float]]):
+    from arbiter.limits import Limits
+
+    limits = Limits(**dict(pairs))
+    try:
+        limits.check()
+    except ValueError as exc:
+        raise SystemExit(f"themis-arbiter: {exc}") from None
+    return limits
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from arbiter.cluster import ClusterFileError
     from arbiter.server import ArbiterServer, ServerConfig
@@ -85,6 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
         rank=args.rank, reclaim=args.reclaim, profiles=tuple(Path(p) for p in args.profiles),
+        limits=_limits(args.limit),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("themis-arbiter: --tls-cert and --tls-key go together")
@@ -282,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-reclaim", dest="reclaim", action="store_const", const=False, default=None,
                    help="let every lease run to its end; by default a round ends the leases an app holds "
                         "beyond its fair share while an app that holds nothing waits (D27)")
+    s.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE", type=_limit,
+                   help="a bound before and around authentication (repeatable): "
+                        "unauthenticated=8 (streams with an unknown credential read at once), first_message_s=5, "
+                        "hello_s=10 (an authenticated stream's Hello deadline), hellos=20 and registers=20 "
+                        "(per app in a burst), per_s=2 (their refill a second); docs/service.md")
     s.add_argument("--profiles", action="append", default=[], metavar="FILE",
                    help="a slowdown table (agent/profiles/slowdowns.toml's form) adding models to bind apps to; "
                         "repeatable")

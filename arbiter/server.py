@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import grpc
@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from arbiter.cluster import load_cluster
 from arbiter.events import arbiter_status_topic, make_bus
+from arbiter.limits import Limits
 from arbiter.rounds import RoundEngine
 from arbiter.service import ArbiterService, ParseGuard, Settings, new_secret
 from arbiter.service_metrics import ServiceMetrics
@@ -37,7 +38,10 @@ KEEPALIVE = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.max_receive_message_length", 8 * 2**20),
+    # The largest message an agent sends is a bid: at most 303 rows (MAX_BID_ROWS), a few hundred KB
+    # on a 256-GPU cluster and about 1 MB if every row named 256 GPUs; 4 MB leaves room for bigger
+    # clusters and halves what each stream without a credential can make the arbiter read (issue 32).
+    ("grpc.max_receive_message_length", 4 * 2**20),
 ]
 HEALTH_TICK_S = 0.25  # the loop watch's timer ...
 STALL_S = 1.0  # ... running this much late is a stalled loop: NOT_SERVING ...
@@ -71,6 +75,7 @@ class ServerConfig:
     # slowdown tables added to the shipped one (agent/profiles/slowdowns.toml's form): the models
     # IssueToken may bind an app to (D21)
     profiles: tuple[Path, ...] = ()
+    limits: Limits = field(default_factory=Limits)  # bounds before and around authentication (issue 32)
 
 
 def model_slowdowns(extra: tuple[Path, ...] = ()) -> dict[str, tuple[float, float, float, float]]:
@@ -144,7 +149,7 @@ class ArbiterServer:
         metrics = ServiceMetrics()
         metrics.bind_bus(lambda: bus.connected, lambda: getattr(bus, "pending", 0), lambda: bus.dropped)
         service = ArbiterService(engine, store, bus, settings=settings, admin_token=admin_token_for(config),
-                                 metrics=metrics, profiles=model_slowdowns(config.profiles))
+                                 metrics=metrics, profiles=model_slowdowns(config.profiles), limits=config.limits)
         self.service = service
         service.journal()
         await bus.start()

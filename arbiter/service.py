@@ -51,6 +51,7 @@ from arbiter.events import (
     last_round_topic,
     rounds_topic,
 )
+from arbiter.limits import Limits, TokenBucket
 from arbiter.policies import POLICIES, make_policy
 from arbiter.rank import check_rank
 from arbiter.rounds import EXPIRY_WINDOW_SHARE, InvalidReport, OpenRound, RoundEngine, RoundResult, cut_reason
@@ -81,7 +82,6 @@ RECLAIMED = "reclaimed: beyond the app's fair share while an app that holds noth
 MAX_HISTORY = 10_000  # RoundHistory limit (the journal keeps that many rounds)
 LEASE_RANGE_S = (1.0, 30 * 86400.0)
 GOODBYE_WAIT_S = 1.0  # a write that takes longer means flow control holds it: the agent is not reading
-HELLO_WAIT_S = 5.0  # how long a stream refused for its credential waits for the Hello the agent is sending
 NAME_MAX = 128  # machine names in DrainMachine; app names are checked by APP_NAME
 REASON_NAMES = 5  # names of an agent's message quoted back in a rejection, each cut to ...
 NAME_QUOTE = 64  # ... this many characters: a rejection never echoes megabytes
@@ -249,8 +249,8 @@ def new_secret(kind: str) -> str:
     return f"{kind}_{secrets.token_urlsafe(32)}"
 
 
-async def _take_first(request_iterator) -> None:
-    """Read (and drop) the stream's first message, or give up after ``HELLO_WAIT_S``.
+async def _take_first(request_iterator, wait_s: float) -> None:
+    """Read (and drop) the stream's first message, or give up after ``wait_s``.
 
     A stream refused while the agent's Hello is still being written races that write against the
     status: when the write fails after the status, grpcio's asyncio client reports INTERNAL and
@@ -258,7 +258,7 @@ async def _take_first(request_iterator) -> None:
     agent told INTERNAL retries where UNAUTHENTICATED would stop it, so the refusal waits for the
     Hello it is sending."""
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(anext(request_iterator.__aiter__()), HELLO_WAIT_S)
+        await asyncio.wait_for(anext(request_iterator.__aiter__()), wait_s)
 
 
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
@@ -280,8 +280,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         metrics: ServiceMetrics | None = None,
         clock: Callable[[], float] = time.time,
         profiles: Mapping[str, tuple[float, float, float, float]] | None = None,
+        limits: Limits | None = None,
     ):
         self.engine = engine
+        self.limits = limits or Limits()
+        self.limits.check()
+        self._unauthenticated = 0  # streams with an unknown credential whose first message is awaited
+        self._hellos = TokenBucket(self.limits.hellos, self.limits.per_s)
+        self._registers = TokenBucket(self.limits.registers, self.limits.per_s)
         self.store = store
         self.bus = bus
         self.settings = settings
@@ -722,14 +728,30 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         stuck reader, whose status goes out in the trailers when its messages cannot."""
         credential = _bearer(context)
         app = self.store.token_app(credential, "credential") if credential else None
+        limits = self.limits
         if app is None:
-            await _take_first(request_iterator)
+            if self._unauthenticated >= limits.unauthenticated:  # refused unread: no megabytes buffered
+                await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"{limits.unauthenticated} streams without a known credential are being refused "
+                                   "already (the limit); an app credential is required (Register first)")
+            self._unauthenticated += 1
+            try:
+                await _take_first(request_iterator, limits.first_message_s)
+            finally:
+                self._unauthenticated -= 1
             await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED,
                                "an app credential is required (Register first); this one is unknown or revoked")
+        if not self._hellos.take(app):
+            await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"{app!r} connected more than {limits.hellos} times in a burst (the limit; "
+                               f"{limits.per_s:g} more a second): wait and reconnect")
         try:
-            first = await anext(request_iterator.__aiter__())
+            first = await asyncio.wait_for(anext(request_iterator.__aiter__()), limits.hello_s)
         except StopAsyncIteration:
             return
+        except TimeoutError:
+            await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"no Hello within {limits.hello_s:g} s of connecting (the limit)")
         if isinstance(first, Unparsable):
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{first.reason}; the first message must be Hello")
         if first.WhichOneof("kind") != "hello":
@@ -1066,6 +1088,10 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         if self._is_admin(context):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 "the admin token is not a registration token: issue one with IssueToken")
+        if not self._registers.take(request.app):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"more than {self.limits.registers} Registers for {request.app!r} in a burst (the "
+                                f"limit; {self.limits.per_s:g} more a second)")
         owner = self.store.token_app(token, "registration")
         if owner is None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown or used registration token")
