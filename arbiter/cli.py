@@ -53,6 +53,17 @@ def _logging(level: str = "INFO") -> None:
     root.setLevel(level)
 
 
+def _tls_ca(args: argparse.Namespace) -> bytes | None:
+    """The CA certificate to check a TLS arbiter against: --tls-ca, else THEMIS_TLS_CA; None: plain."""
+    path = getattr(args, "tls_ca", None) or os.environ.get("THEMIS_TLS_CA")
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"themis-arbiter: --tls-ca {path}: {exc.strerror or exc}") from None
+
+
 def _admin_token(args: argparse.Namespace) -> str:
     token = args.admin_token or os.environ.get("THEMIS_ADMIN_TOKEN")
     if not token and Path(f"{args.db}.admin-token").exists():
@@ -106,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     config = ServerConfig(
         cluster=args.cluster, host=args.host, port=args.port, db=Path(args.db), mqtt=args.mqtt,
-        admin_token=args.admin_token, metrics_port=args.metrics_port,
+        admin_token=args.admin_token, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
@@ -137,7 +148,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_issue_token(args: argparse.Namespace) -> int:
     from protos.rpc import issue_token
 
-    print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args), model=args.model or "")))
+    print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args), model=args.model or "",
+                                  tls_ca=_tls_ca(args))))
     return 0
 
 
@@ -149,7 +161,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     from protos.rpc import channel
 
     async def drain():
-        async with channel(args.arbiter) as ch:
+        async with channel(args.arbiter, _tls_ca(args)) as ch:
             stub = pb_grpc.ArbiterStub(ch)
             return await stub.DrainMachine(pb.DrainMachineRequest(machine=args.machine,
                                                                   resume=getattr(args, "resume", False)),
@@ -169,7 +181,7 @@ def cmd_app_call(args: argparse.Namespace) -> int:
     from protos.rpc import bearer, channel
 
     async def call():
-        async with channel(args.arbiter) as ch:
+        async with channel(args.arbiter, _tls_ca(args)) as ch:
             stub = pb_grpc.ArbiterStub(ch)
             if args.command == "remove-app":
                 return await stub.RemoveApp(pb.RemoveAppRequest(app=args.app), metadata=bearer(_admin_token(args)),
@@ -192,7 +204,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def status() -> dict:
         meta = [("authorization", f"Bearer {_admin_token(args)}")]
-        async with channel(args.arbiter) as ch:
+        async with channel(args.arbiter, _tls_ca(args)) as ch:
             stub = pb_grpc.ArbiterStub(ch)
             cluster = await stub.GetClusterState(pb.ClusterStateRequest(), metadata=meta, timeout=10)
             apps = await stub.ListApps(pb.ListAppsRequest(), metadata=meta, timeout=10)
@@ -319,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
                         "repeatable")
     s.add_argument("--admin-token", help="admin token (default: THEMIS_ADMIN_TOKEN or <db>.admin-token)")
     s.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port")
-    s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS")
+    s.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics listen on (default loopback only: they need no token)")
+    s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS: gRPC (agents "
+                                      "and admin calls) and the metrics (HTTPS)")
     s.add_argument("--tls-key", help="PEM private key")
     s.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     s.set_defaults(func=cmd_serve)
@@ -340,16 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     ss = sub.add_parser("slurm-sync", help="drain the machines Slurm reports drained, down or failing (admin)")
     ss.add_argument("--from", dest="from_file", help="read saved `scontrol --oneliner show nodes` output instead")
     ss.set_defaults(func=cmd_slurm_sync)
-    for p in (t, dr, ss, rm, rv):
+    st = sub.add_parser("status", help="cluster, apps and recent rounds of a running arbiter (admin)")
+    st.add_argument("--rounds", type=int, default=5)
+    for p in (t, dr, ss, rm, rv, st):
         p.add_argument("--arbiter", default=DEFAULT_TARGET)
         p.add_argument("--admin-token")
         p.add_argument("--db", default="themis-arbiter.db", help="find the admin token next to this journal")
+        p.add_argument("--tls-ca", help="CA certificate (PEM) of a TLS arbiter (default: THEMIS_TLS_CA)")
     t.set_defaults(func=cmd_issue_token)
-    st = sub.add_parser("status", help="cluster, apps and recent rounds of a running arbiter (admin)")
-    st.add_argument("--arbiter", default=DEFAULT_TARGET)
-    st.add_argument("--admin-token")
-    st.add_argument("--db", default="themis-arbiter.db")
-    st.add_argument("--rounds", type=int, default=5)
     st.set_defaults(func=cmd_status)
     d = sub.add_parser("demo", help="an arbiter and two agents on loopback, in one process")
     d.add_argument("--seconds", type=float, default=60.0)

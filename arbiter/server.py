@@ -58,6 +58,7 @@ class ServerConfig:
     mqtt: str | None = None
     admin_token: str | None = None
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"  # the metrics need no token: loopback unless the operator says otherwise
     tls_cert: Path | None = None
     tls_key: Path | None = None
     # None: the journal's value, else the default of arbiter.service.Settings
@@ -176,7 +177,8 @@ class ArbiterServer:
             await _set_serving(health_servicer, name)
         metrics.serving.set(1)
         if config.metrics_port is not None:
-            self._metrics_http = metrics.serve(config.metrics_port, config.host)
+            self._metrics_http = metrics.serve(config.metrics_port, config.metrics_host,
+                                               tls=(config.tls_cert, config.tls_key) if tls else None)
         self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats()),
                        asyncio.create_task(self._watch_health(health_servicer))]
         if config.mqtt:

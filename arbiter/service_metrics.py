@@ -89,7 +89,10 @@ class ServiceMetrics:
             except KeyError:
                 pass
 
-    def serve(self, port: int, addr: str = "127.0.0.1"):
-        """Expose /metrics over HTTP (a daemon thread); returns the server so it can be shut down."""
-        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", tls: tuple | None = None):
+        """Expose /metrics over HTTP, or HTTPS with ``tls`` = (certificate, key) files (a daemon
+        thread); returns the server so it can be shut down."""
+        certfile, keyfile = (str(tls[0]), str(tls[1])) if tls else (None, None)
+        server, thread = start_http_server(port, addr=addr, registry=self.registry, certfile=certfile,
+                                           keyfile=keyfile)
         return server, thread

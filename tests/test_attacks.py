@@ -292,3 +292,43 @@ def test_streams_without_a_credential_cannot_make_the_arbiter_buffer_their_megab
                           grpc.StatusCode.INTERNAL}, set(codes)
     print(f"peak RSS {before:.0f} MB -> {after:.0f} MB, client codes {sorted(set(c.name for c in codes))}")
     assert after - before < 200, (before, after)
+
+
+def test_one_certificate_puts_grpc_the_admin_cli_and_the_metrics_behind_tls(tmp_path, capsys):
+    """``serve --tls-cert --tls-key`` is the one switch on the arbiter: agents, admin calls and the
+    metrics (HTTPS) all need the certificate; the admin CLI reaches it with ``--tls-ca`` (or
+    THEMIS_TLS_CA); the metrics listen on loopback unless the operator names another address."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from arbiter.cli import main
+    from tests.service_kit import free_port
+    from tests.test_service_faults import self_signed
+
+    cert, key = self_signed(tmp_path, "server")
+    port = free_port()
+
+    async def scenario():
+        async with arbiter(tmp_path, tls_cert=cert, tls_key=key, metrics_port=port) as server:
+            tgt = f"127.0.0.1:{server.port}"
+            loop = asyncio.get_running_loop()
+            base = ["--arbiter", tgt, "--admin-token", ADMIN]
+            ok = await loop.run_in_executor(None, main, ["status", *base, "--tls-ca", str(cert)])
+            plain = await loop.run_in_executor(None, main, ["status", *base])
+            token_rc = await loop.run_in_executor(None, main, ["issue-token", "a", *base, "--tls-ca", str(cert)])
+            https = ssl.create_default_context(cafile=str(cert))
+            page = await loop.run_in_executor(None, lambda: urllib.request.urlopen(
+                f"https://127.0.0.1:{port}/metrics", context=https, timeout=5).read().decode())
+            with pytest.raises((urllib.error.URLError, ConnectionError)):
+                await loop.run_in_executor(None, lambda: urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/metrics", timeout=5).read())
+            bound = server._metrics_http[0].server_address[0]
+            return ok, plain, token_rc, page, bound
+
+    ok, plain, token_rc, page, bound = run(scenario())
+    out = capsys.readouterr()
+    assert ok == 0 and token_rc == 0 and '"cluster": "test-8"' in out.out and "reg_" in out.out
+    assert plain == 1 and "status: UNAVAILABLE" in out.err  # a plaintext client cannot talk to it
+    assert "themis_rounds_total" in page or "themis_" in page
+    assert bound == "127.0.0.1"
