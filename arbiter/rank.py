@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from arbiter.auction import RHO_MAX, RHO_MIN
-from protos.messages import WORK_COLUMNS, PhaseWork, WorkClaim
+from protos.messages import MAX_PHASES, WORK_COLUMNS, PhaseWork, WorkClaim
 
 __all__ = ["MAX_PHASES", "PACE_BAND", "PACE_MAX", "RANKS", "BadWorkClaim", "Pace", "check_claim", "check_rank",
            "measured_rho", "time_left"]
@@ -39,10 +39,6 @@ __all__ = ["MAX_PHASES", "PACE_BAND", "PACE_MAX", "RANKS", "BadWorkClaim", "Pace
 #: Where the rho that ranks an app comes from (D21): its report, or its claimed work at slowdowns
 #: the arbiter knows.
 RANKS = ("reported", "measured")
-# Bounds a claim's size, not a search: Hyperband lists every bracket's rungs as phases, (s_max + 1)
-# (s_max + 2) / 2 of them (66 for R = 1,024 and eta = 2, which the first bound, 64, starved: its
-# every report was refused); 1,024 phases admit s_max up to 43 (990), about 3 ms of checking.
-MAX_PHASES = 1024
 _SHARE_LEVEL = 1  # D13's fair share is packed on one machine: no job of it spans more
 #: D29: a claimed pace within a factor 1 + PACE_BAND of the observed one is taken as it is. An
 #: honest app's pace is off by what its claim cannot foresee -- later phases estimated at the current

@@ -286,6 +286,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.limits = limits or Limits()
         self.limits.check()
         self._unauthenticated = 0  # streams with an unknown credential whose first message is awaited
+        self._removed: dict[str, float] = {}  # app -> when RemoveApp removed it (this run), for NOT_FOUND's reason
         self._hellos = TokenBucket(self.limits.hellos, self.limits.per_s)
         self._registers = TokenBucket(self.limits.registers, self.limits.per_s)
         self.store = store
@@ -1049,6 +1050,13 @@ class ArbiterService(pb_grpc.ArbiterServicer):
     def _known(self, app: str) -> bool:
         return app in self.engine.apps or self.store.registered(app)
 
+    def _unknown(self, app: str) -> str:
+        """Why an admin call finds no app of that name: removed (by this arbiter's run), or never
+        registered. A second RemoveApp used to say "never registered" of the app it had removed."""
+        if app in self._removed:
+            return f"app {app!r} was removed already, by RemoveApp at {self._removed[app]:.0f} (Unix time)"
+        return f"unknown app {app!r} (never registered)"
+
     async def IssueToken(self, request: pb.IssueTokenRequest, context) -> pb.IssueTokenReply:
         await self._need_admin(context)
         await self._need_app_name(request.app, context)
@@ -1123,7 +1131,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             if caller != request.app:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{caller!r} cannot read {request.app!r}")
         elif not self._known(request.app):  # as RemoveApp and RevokeCredential say it
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown(request.app))
         return self._app_state(request.app)
 
     def _app_state(self, app: str) -> pb.AppState:
@@ -1304,7 +1312,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         await self._need_admin(context)
         await self._need_app_name(request.app, context)
         if not self._known(request.app):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown(request.app))
         await self._journal_works(context, "RemoveApp")
         try:
             self.store.revoke(request.app)  # fails closed: refused in memory even when not written
@@ -1316,6 +1324,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 conn.end(StreamEnd("revoked", f"the credential of {request.app!r} was revoked by an admin"))
             await context.abort(grpc.StatusCode.UNAVAILABLE, cut_reason(f"RemoveApp was not done: {exc}"))
         self.models.pop(request.app, None)
+        self._removed[request.app] = self.clock()
+        while len(self._removed) > MAX_APPS:  # the oldest go first: a bound, not a record
+            del self._removed[next(iter(self._removed))]
         end = StreamEnd("removed", f"{request.app!r} was removed by an admin: its leases ended")
         if request.app in self.engine.apps:
             self._remove(request.app, end)
@@ -1331,7 +1342,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         await self._need_admin(context)
         await self._need_app_name(request.app, context)
         if not self._known(request.app):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown app {request.app!r} (never registered)")
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown(request.app))
         failure = ""
         try:
             revoked = self.store.revoke(request.app)

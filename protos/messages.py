@@ -82,6 +82,10 @@ class RhoReport:
 #: phase's slowest job among those on one GPU (no slowdown applies) and among those whose GPUs span
 #: one slot, one machine, one rack, or several racks (the D1 levels 0-3).
 WORK_COLUMNS = ("one_gpu", "slot", "machine", "rack", "racks")
+#: The most phases a WorkClaim may list, in ``held`` and in ``share`` each. It bounds a claim's size,
+#: not a search: Hyperband lists every bracket's rungs as phases, (s_max + 1)(s_max + 2) / 2 of them
+#: (66 for R = 1,024 and eta = 2, which a first bound of 64 starved); 1,024 admit s_max up to 43.
+MAX_PHASES = 1024
 PhaseWork = tuple[float, float, float, float, float]
 
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from protos import themis_pb2 as pb
-from protos.messages import BidTable, Offer, Position, RhoReport, RhoRequest, WorkClaim
+from protos.messages import MAX_PHASES, WORK_COLUMNS, BidTable, Offer, Position, RhoReport, RhoRequest, WorkClaim
 
 
 class WireError(ValueError):
@@ -74,7 +74,15 @@ def report_pb(report: RhoReport, round_id: int, app: str) -> pb.RhoReport:
 
 def work_claim(msg: pb.WorkClaim) -> WorkClaim:
     """The claim as sent; its checks (five finite times >= 0 per phase, levels the allocation
-    reaches) are the round's (``arbiter.rank.check_claim``)."""
+    reaches) are the round's (``arbiter.rank.check_claim``). Only its size is checked here, whether
+    or not the round reads it: an app the arbiter ranks by its report could otherwise send claims of
+    megabytes that nobody looks at (issue 32)."""
+    for part in ("held", "share"):
+        phases = getattr(msg, part)
+        if len(phases) > MAX_PHASES:
+            raise WireError(f"work claim {part} has {len(phases)} phases, more than {MAX_PHASES}")
+        if any(len(p.seconds) != len(WORK_COLUMNS) for p in phases):
+            raise WireError(f"work claim {part}: every phase has {len(WORK_COLUMNS)} times ({', '.join(WORK_COLUMNS)})")
     return WorkClaim(msg.work_gpu_s, msg.demand_max, tuple(tuple(p.seconds) for p in msg.held),  # type: ignore[arg-type]
                      tuple(tuple(p.seconds) for p in msg.share))
 

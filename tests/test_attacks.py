@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -332,3 +333,30 @@ def test_one_certificate_puts_grpc_the_admin_cli_and_the_metrics_behind_tls(tmp_
     assert plain == 1 and "status: UNAVAILABLE" in out.err  # a plaintext client cannot talk to it
     assert "themis_rounds_total" in page or "themis_" in page
     assert bound == "127.0.0.1"
+
+
+def test_a_work_claim_nobody_reads_is_still_bounded_and_a_removed_app_is_named_so(tmp_path):
+    """Two of the audit's smaller findings: an app ranked by its report could attach a work claim of
+    any size (only a measured rank checked it), and a second RemoveApp said "never registered" of
+    the app the first one removed."""
+    async def scenario():
+        async with arbiter(tmp_path, rank="reported") as server:
+            raw = RawStream(server, "a", await credential(server, "a"))
+            raw.send(hello=pb.Hello(app="a", demand=2))
+            request = await raw.next("rho_request")
+            phase = pb.PhaseWork(seconds=[1.0, 0.0, 0.0, 0.0, 0.0])
+            raw.send(report=pb.RhoReport(round_id=request.round_id, app="a", rho=math.inf, demand=2, rho_wait=1.0,
+                                         work=pb.WorkClaim(work_gpu_s=10.0, demand_max=2, share=[phase] * 2000)))
+            rejection = await raw.next("rejection")
+            assert rejection.what == "report" and "2000 phases, more than 1024" in rejection.reason
+            await raw.close()
+            stub, meta, ch = admin_stub(server)
+            await stub.RemoveApp(pb.RemoveAppRequest(app="a"), metadata=meta)
+            await wait_for(lambda: "a" not in server.service.engine.apps)  # after the open round, if one is
+            err = await _refused(stub.RemoveApp(pb.RemoveAppRequest(app="a"), metadata=meta))
+            assert err.code() == grpc.StatusCode.NOT_FOUND and "was removed already" in err.details()
+            err = await _refused(stub.RemoveApp(pb.RemoveAppRequest(app="nobody"), metadata=meta))
+            assert "never registered" in err.details()
+            await ch.close()
+
+    run(scenario())
