@@ -123,7 +123,7 @@ def run_agent(args: argparse.Namespace) -> int:
             if cred_file:
                 keep_credential(cred_file, credential)
         agent = TellingAgent(app, name=name)
-        client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca)
+        client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca, take_over=args.take_over)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)
         record = EmulatedRunRecord(client, agent, args.workdir, trials=jobs.trials, quiet=args.quiet)
         jobs.on_result = record.trial
@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--credential-file", help="where to keep the app credential for later runs")
     r.add_argument("--speedup", type=float, default=1.0, help="emulated jobs run this many times real time")
     r.add_argument("--tls-ca", help="CA certificate (PEM) to check the arbiter's TLS certificate")
+    r.add_argument("--take-over", action="store_true",
+                   help="replace an agent of the same app that is connected now (by default the arbiter "
+                        "refuses a second one with ALREADY_EXISTS)")
     r.add_argument("--workdir", default="themis-runs",
                    help="where the run's record.jsonl and rho_gpus.png go, under <workdir>/<app>/<run id>/ "
                         "(default: ./themis-runs)")

@@ -32,7 +32,7 @@ __all__ = ["AgentClient", "AgentStopped", "HeldGpu", "channel", "issue_token", "
 
 log = logging.getLogger("themis.agent")
 
-FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)
 SILENT_HEARTBEATS = 3  # a stream without any message for this many heartbeat intervals is broken
 DONE_RETRY_S = 20.0  # how long a finished agent goes on connecting to say Done until the arbiter acknowledges it
 
@@ -74,6 +74,7 @@ class AgentClient:
     connects: int = 0
     rounds_answered: int = 0
     connect_timeout_s: float = 10.0  # one attempt: dial, Hello, Welcome
+    take_over: bool = False  # replace a live stream of the app at the first connect (--take-over)
     first_connect_timeout_s: float | None = 120.0  # never welcomed for this long: AgentStopped("unreachable")
 
     def __post_init__(self) -> None:
@@ -182,7 +183,10 @@ class AgentClient:
 
     async def _session(self) -> None:
         self._out = asyncio.Queue()
-        self._put(pb.AgentMessage(hello=pb.Hello(app=self.app, demand=self.agent.app.demand_now())))
+        # after a Welcome, every reconnect takes over: the old stream is this agent's own, which the
+        # arbiter may not have found dead yet
+        self._put(pb.AgentMessage(hello=pb.Hello(app=self.app, demand=self.agent.app.demand_now(),
+                                                 take_over=self.take_over or self.ever_welcomed)))
         if self.finished:  # Done was said while the stream was down: say it again
             self._put(pb.AgentMessage(done=pb.Done(app=self.app)))
 
@@ -244,6 +248,8 @@ class AgentClient:
             self.heartbeat_s = msg.welcome.heartbeat_s or self.heartbeat_s
             if lost and self.on_revoke:
                 self.on_revoke(lost, "not held after reconnecting")
+            if msg.welcome.took_over and not self.ever_welcomed:
+                log.warning("%s took over from another agent of the same name, which the arbiter stopped", self.app)
             self.ever_welcomed = True
             self.welcomed.set()
         elif kind == "rho_request":

@@ -248,6 +248,7 @@ class AppRunner:
         tls_ca: bytes | None = None,
         executor: Any = None,
         resume: bool = False,
+        take_over: bool = False,
         **kwargs: Any,
     ) -> AppRunner:
         """Everything from names. The app's credential: ``credential``, else the one kept in
@@ -261,7 +262,9 @@ class AppRunner:
         jobs' folders under ``<workdir>/<run id>``), so no job finds a checkpoint of an earlier run.
         ``resume=True`` goes on with the run recorded in ``workdir`` instead (its jobs resume from
         their checkpoints), and an adapter with a ``resume()`` method is asked to take up the trials
-        that run left (Optuna: the study's RUNNING trials; give the study its storage)."""
+        that run left (Optuna: the study's RUNNING trials; give the study its storage).
+        ``take_over=True`` replaces an agent of the same app that is connected now (else the arbiter
+        refuses this one with ALREADY_EXISTS and the runner stops)."""
         if not callable(argv):
             training_command(argv)  # a bad command is refused before a run begins
         search = SearchRun.begin(workdir, resume=resume)
@@ -285,7 +288,8 @@ class AppRunner:
             bus = make_bus(mqtt, client_id=f"themis-agent-{app}-{id(adapter):x}")
             await bus.start()
         try:
-            client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca)
+            client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca,
+                                 take_over=take_over)
             launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
                                 grace_s=grace_s, env=env, executor=executor, run_id=search.run_id)
             runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)

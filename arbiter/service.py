@@ -762,6 +762,13 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                                f"this credential belongs to {app!r}, not {_quote([first.hello.app])[2:-2]!r}")
         if first.hello.demand < 0:
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"demand must be >= 0, got {first.hello.demand}")
+        live = self.conns.get(app)
+        if live is not None and live.ending is None and not first.hello.take_over:
+            # issue 36: a second agent of the same name used to take over silently and end the running
+            # search; now it must ask (an agent reconnecting after a Welcome always does)
+            await self._refuse(context, grpc.StatusCode.ALREADY_EXISTS,
+                               f"{app!r} is connected on another stream (its agent is running); stop that agent, or "
+                               "connect with take_over (themis-agent run --take-over) to replace it")
         # An app that said Done while a round was open leaves when that round closes; a Hello that
         # comes meanwhile waits for it, then starts the app afresh (else it would be removed under
         # a live stream: the "ghost app" of issue 12).
@@ -785,6 +792,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                 self.journal()
         self.kick()
         old = self.conns.get(app)
+        if old is not None and old.ending is not None:
+            old = None  # ending already: nothing to take over
         if old is not None:
             old.end(StreamEnd("replaced", f"another stream connected as {app!r} and replaced this one"))
         conn = Connection(app, last_seen=now, limit=self.outbox_limit)
@@ -800,7 +809,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
             app=app, cluster=self.cluster, leases=[wire.lease_pb(x) for x in mine],
             settings=self._settings_pb(), now=now, heartbeat_s=self.settings.heartbeat_s,
-            places=wire.places({x.gpu: position(x.gpu) for x in mine}))))
+            places=wire.places({x.gpu: position(x.gpu) for x in mine}), took_over=old is not None)))
         self.metrics.connected.set(len(self.conns))
         log.info("connected", extra={"fields": {"app": app}})
         reader = asyncio.create_task(self._read(conn, request_iterator))

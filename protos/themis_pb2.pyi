@@ -95,15 +95,17 @@ class ArbiterMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., rho_request: _Optional[_Union[RhoRequest, _Mapping]] = ..., offer: _Optional[_Union[Offer, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., revocation: _Optional[_Union[Revocation, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("app", "demand")
+    __slots__ = ("app", "demand", "take_over")
     APP_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
+    TAKE_OVER_FIELD_NUMBER: _ClassVar[int]
     app: str
     demand: int
-    def __init__(self, app: _Optional[str] = ..., demand: _Optional[int] = ...) -> None: ...
+    take_over: bool
+    def __init__(self, app: _Optional[str] = ..., demand: _Optional[int] = ..., take_over: _Optional[bool] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("app", "cluster", "leases", "settings", "now", "heartbeat_s", "places")
+    __slots__ = ("app", "cluster", "leases", "settings", "now", "heartbeat_s", "places", "took_over")
     APP_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +113,7 @@ class Welcome(_message.Message):
     NOW_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     PLACES_FIELD_NUMBER: _ClassVar[int]
+    TOOK_OVER_FIELD_NUMBER: _ClassVar[int]
     app: str
     cluster: str
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
@@ -118,7 +121,8 @@ class Welcome(_message.Message):
     now: float
     heartbeat_s: float
     places: _containers.RepeatedCompositeFieldContainer[GpuPlace]
-    def __init__(self, app: _Optional[str] = ..., cluster: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., now: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., places: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ...) -> None: ...
+    took_over: bool
+    def __init__(self, app: _Optional[str] = ..., cluster: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., now: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., places: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., took_over: _Optional[bool] = ...) -> None: ...
 
 class RhoRequest(_message.Message):
     __slots__ = ("round_id", "now", "n_avg", "cluster_size", "held", "extras", "deadline", "lottery_commitment")

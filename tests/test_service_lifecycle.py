@@ -85,8 +85,8 @@ def test_a_replaced_stream_and_a_shut_down_arbiter_end_streams_with_goodbye_and_
             first.send(hello=pb.Hello(app="r", demand=0))
             await first.next("welcome")
             second = RawStream(server, "r", cred)
-            second.send(hello=pb.Hello(app="r", demand=0))
-            await second.next("welcome")
+            second.send(hello=pb.Hello(app="r", demand=0, take_over=True))
+            assert (await second.next("welcome")).took_over
             bye = await first.next("goodbye")
             assert bye.why == "replaced" and not bye.reconnect
             assert (await status_of(first.call))[0] == grpc.StatusCode.ABORTED
@@ -1009,5 +1009,34 @@ def test_a_release_that_races_a_lease_expiry_still_frees_the_gpus_the_app_holds(
             assert engine.leases.holder(held_a[1]) is None and engine.leases.holder(g_b) == "b"
             for raw in (a, b):
                 await raw.close()
+
+    run(scenario())
+
+
+def test_a_second_agent_of_a_running_app_is_refused_unless_it_takes_over_and_both_are_told(tmp_path):
+    """Issue 36: a second agent with a running app's name silently took over and ended the running
+    search. Now it is refused (ALREADY_EXISTS, one line saying how to take over) and the running one
+    goes on; asked to take over, it is welcomed as having taken over and the first is ended as
+    replaced."""
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            cred = await credential(server, "s")
+            first = AgentClient(Agent(halving_app(jobs=2)), "s", target(server), cred, backoff_s=(0.05, 0.5))
+            t1 = asyncio.create_task(first.run())
+            await wait_for(lambda: first.welcomed.is_set())
+            second = AgentClient(Agent(halving_app(jobs=2)), "s", target(server), cred, backoff_s=(0.05, 0.5))
+            with pytest.raises(AgentStopped) as refused:
+                await asyncio.wait_for(second.run(), 10)
+            assert "ALREADY_EXISTS" in str(refused.value) and "--take-over" in str(refused.value)
+            assert first.welcomed.is_set() and not t1.done()
+            third = AgentClient(Agent(halving_app(jobs=2)), "s", target(server), cred, backoff_s=(0.05, 0.5),
+                                take_over=True)
+            t3 = asyncio.create_task(third.run())
+            await wait_for(lambda: third.welcomed.is_set())
+            with pytest.raises(AgentStopped) as replaced:
+                await asyncio.wait_for(t1, 10)
+            assert str(replaced.value).startswith("replaced")
+            third.stop()
+            await t3
 
     run(scenario())
