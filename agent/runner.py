@@ -338,7 +338,13 @@ class AppRunner:
                     raise RuntimeError(f"the agent of {self.app} stopped before the app finished")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{self.app} did not finish within {timeout} s")
-                self.step()
+                try:
+                    self.step()
+                except SearchFailed:
+                    # issue 36: a search that failed is over; the app leaves the arbiter (its leases
+                    # end, it no longer counts in anyone's N_avg) instead of staying with its demand
+                    self.client.done()
+                    raise
                 if self._done:
                     break
                 with contextlib.suppress(TimeoutError):

@@ -18,7 +18,7 @@ from agent.runner import AppRunner, SearchFailed
 from agent.trial import TrialSpec
 from hyperparam_adapters.curve_stopping import CurveStoppingAdapter
 from hyperparam_adapters.hyperband import HyperbandAdapter, SuccessiveHalvingAdapter
-from tests.service_kit import arbiter, credential, target
+from tests.service_kit import arbiter, credential, target, wait_for
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +38,10 @@ def test_a_crashing_training_script_stops_the_search_with_its_error(tmp_path):
             runner = AppRunner(adapter, client, launcher, max_failures=2, max_failed_runs=4, quiet=True)
             with pytest.raises(SearchFailed) as caught:
                 await runner.run(timeout=60)
+            # issue 36: the failed search left the arbiter (it used to stay registered with its
+            # demand, counted in every app's N_avg, until an admin removed it)
+            await wait_for(lambda: "crashy" not in server.service.engine.apps, 10)
+            assert client.finished and not any(x.app == "crashy" for x in server.service.engine.leases)
             return runner, caught.value
 
     runner, error = asyncio.run(asyncio.wait_for(scenario(), 90))
