@@ -121,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
-        rank=args.rank, reclaim=args.reclaim, profiles=tuple(Path(p) for p in args.profiles),
+        rank=args.rank, reclaim=args.reclaim, idle_s=args.idle_s, profiles=tuple(Path(p) for p in args.profiles),
         limits=_limits(args.limit),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -321,9 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-reclaim", dest="reclaim", action="store_const", const=False, default=None,
                    help="let every lease run to its end; by default a round ends the leases an app holds "
                         "beyond its fair share while an app that holds nothing waits (D27)")
+    s.add_argument("--idle", type=float, dest="idle_s",
+                   help="seconds an app with no agent connected and nothing held stays counted in N_avg "
+                        "before it goes idle (default: the lease and a minute)")
     s.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE", type=_limit,
                    help="a bound before and around authentication (repeatable): "
-                        "unauthenticated=8 (streams with an unknown credential read at once), first_message_s=5, "
+                        "unauthenticated=4 (streams with an unknown credential read at once), first_message_s=5, "
                         "hello_s=10 (an authenticated stream's Hello deadline), hellos=20 and registers=20 "
                         "(per app in a burst), per_s=2 (their refill a second); docs/service.md")
     s.add_argument("--profiles", action="append", default=[], metavar="FILE",

@@ -22,7 +22,7 @@ class Limits:
     an authenticated stream must send its Hello within ``hello_s``; each app may send ``hellos`` Hellos
     and ``registers`` Registers in a burst, refilled at ``per_s`` a second."""
 
-    unauthenticated: int = 8
+    unauthenticated: int = 4
     first_message_s: float = 5.0
     hello_s: float = 10.0
     hellos: int = 20

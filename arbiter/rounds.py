@@ -107,6 +107,7 @@ class EngineState:
     leases: tuple[Lease, ...]
     drained: frozenset[str] = frozenset()
     added_machines: tuple[tuple[str, str, int, int], ...] = ()
+    idle: frozenset[str] = frozenset()  # apps gone quiet: not counted in N_avg, not asked (the service)
 
 
 class AgentPort(Protocol):
@@ -171,6 +172,9 @@ class RoundEngine:
         self._contention = 0.0  # integral of (number of active apps) dt
         self._open: OpenRound | None = None
         self.drained: set[str] = set()  # machines that get no new grants (their leases run out)
+        #: apps that went quiet (the service: no agent connected and nothing held for a while): not
+        #: counted in anyone's N_avg and not asked for rho until they come back
+        self.idle: set[str] = set()
         self.added_machines: list[tuple[str, str, int, int]] = []
         self.silent: frozenset[str] = frozenset()  # offered in the last round and sent no valid bid (D22)
         #: D21: "measured" ranks an app whose placement slowdowns are in ``slowdowns`` by its claimed
@@ -198,6 +202,7 @@ class RoundEngine:
             leases=tuple(sorted(self.leases, key=lambda lease: lease.gpu)),
             drained=frozenset(self.drained),
             added_machines=tuple(self.added_machines),
+            idle=frozenset(self.idle),
         )
 
     def restore(self, state: EngineState) -> None:
@@ -226,6 +231,7 @@ class RoundEngine:
                                        max(rec.most, rec.demand or 0))
         self.leases = LeaseTable(state.leases)
         self.drained = set(state.drained) & set(self.cluster.machines)
+        self.idle = set(state.idle) & set(self.apps)
 
     def add_machine(self, rack: str, gpus: int, slots: int, now: float) -> str:
         """Grow the cluster by one machine; its GPUs are free at once (a resource-available
@@ -281,7 +287,7 @@ class RoundEngine:
             raise ValueError(f"time went backwards: {now} < {self._clock}")
         dt = now - self._clock
         if dt:
-            self._contention += len(self.apps) * dt
+            self._contention += (len(self.apps) - len(self.idle)) * dt
             for app, state in self.apps.items():
                 state.attained += len(self.leases.held_by(app)) * dt
         self._clock = now
@@ -320,6 +326,7 @@ class RoundEngine:
         del self.apps[app]
         self.slowdowns.pop(app, None)
         self.pace.pop(app, None)
+        self.idle.discard(app)
         freed = self.leases.release(app)
         if freed:
             self._note(now)
@@ -350,7 +357,7 @@ class RoundEngine:
         span = now - state.arrived
         if span <= 0:
             return float(len(self.apps))
-        total = self._contention + len(self.apps) * (now - self._clock) - state.contention_at_arrival
+        total = self._contention + (len(self.apps) - len(self.idle)) * (now - self._clock) - state.contention_at_arrival
         return max(1.0, total / span)
 
     # -- when rounds run (D10) -----------------------------------------------------------
@@ -390,9 +397,22 @@ class RoundEngine:
         state = self.apps[app]
         return state.demand is None or state.demand > len(self.leases.held_by(app))
 
+    def set_idle(self, app: str, idle: bool, now: float) -> None:
+        """An app goes quiet (its agent gone, nothing held, for a while) or comes back. A quiet app
+        counts in no one's N_avg (D5: the apps contending) and is not asked for rho; coming back with
+        GPUs free is a resource-available event, as an arrival is (D10)."""
+        if app not in self.apps:
+            raise UnknownApp(app)
+        self._advance(now)
+        if idle:
+            self.idle.add(app)
+        elif app in self.idle:
+            self.idle.discard(app)
+            self.note_ready(app, now)
+
     def starving(self) -> list[str]:
         """The apps that hold nothing and want GPUs (or have not said what they want), by name."""
-        return sorted(a for a in self.apps if not self.leases.held_by(a) and self.wants_more(a))
+        return sorted(a for a in self.apps if not self.leases.held_by(a) and self.wants_more(a) and a not in self.idle)
 
     def borrowed(self) -> list[Lease]:
         """D27: the leases a round opening now would end early, so that the apps that hold nothing
@@ -557,7 +577,7 @@ class OpenRound:
                 self.commitment,
             )
             for app in sorted(engine.apps)
-            if engine.wants_more(app)
+            if engine.wants_more(app) and app not in engine.idle
         ]
         # D21: what each app is asked on -- the GPUs it held as the round opened, its N_avg, the
         # cluster's size -- which a measured rank uses too, as the agent's claim does: an app that

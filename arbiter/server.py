@@ -42,6 +42,10 @@ KEEPALIVE = [
     # on a 256-GPU cluster and about 1 MB if every row named 256 GPUs; 4 MB leaves room for bigger
     # clusters and halves what each stream without a credential can make the arbiter read (issue 32).
     ("grpc.max_receive_message_length", 4 * 2**20),
+    # HTTP/2 flow control at its 64 KB window per stream (no window growth from bandwidth probes):
+    # what a client sends that the arbiter has not read -- a stream refused unread -- stays in the
+    # client, not in the arbiter's memory (issue 32); agents' messages are a few hundred KB at most.
+    ("grpc.http2.bdp_probe", 0),
 ]
 HEALTH_TICK_S = 0.25  # the loop watch's timer ...
 STALL_S = 1.0  # ... running this much late is a stalled loop: NOT_SERVING ...
@@ -73,6 +77,7 @@ class ServerConfig:
     max_contenders: int | None = None
     rank: str | None = None
     reclaim: bool | None = None
+    idle_s: float | None = None
     # slowdown tables added to the shipped one (agent/profiles/slowdowns.toml's form): the models
     # IssueToken may bind an app to (D21)
     profiles: tuple[Path, ...] = ()

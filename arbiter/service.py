@@ -108,6 +108,12 @@ class Settings:
     # D27: a round ends the leases an app holds beyond its fair share while an app that holds nothing
     # waits (once per such app); False lets every lease run to its end.
     reclaim: bool = True
+    # issue 36: an app with no agent connected and no lease for this long goes idle -- it counts in
+    # no one's N_avg and is not asked for rho until its agent comes back. None: a lease and a minute.
+    idle_s: float | None = None
+
+    def idle_after(self) -> float:
+        return self.idle_s if self.idle_s is not None else self.lease_s + 60.0
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -127,6 +133,8 @@ class Settings:
         check_rank(self.rank)
         if not isinstance(self.reclaim, bool):
             raise ValueError(f"reclaim must be true or false, got {self.reclaim!r}")
+        if self.idle_s is not None and not (self.idle_s > 0 and math.isfinite(self.idle_s)):
+            raise ValueError(f"idle_s must be a positive number of seconds, got {self.idle_s}")
 
     def policy_object(self):
         options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None}
@@ -287,6 +295,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self.limits.check()
         self._unauthenticated = 0  # streams with an unknown credential whose first message is awaited
         self._removed: dict[str, float] = {}  # app -> when RemoveApp removed it (this run), for NOT_FOUND's reason
+        #: app -> when its agent's stream ended (issue 36: after idle_s with nothing held it goes idle);
+        #: after a restart every app's agent is away until it comes back
+        self._away: dict[str, float] = dict.fromkeys(engine.apps, max(clock(), engine.clock))
         self._hellos = TokenBucket(self.limits.hellos, self.limits.per_s)
         self._registers = TokenBucket(self.limits.registers, self.limits.per_s)
         self.store = store
@@ -476,6 +487,24 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             now = self.clock()
             for conn in list(self.conns.values()):
                 conn.send(pb.ArbiterMessage(heartbeat=pb.Heartbeat(now=now)))
+            await self._quieten(now)
+
+    async def _quieten(self, now: float) -> None:
+        """Apps whose agent has been away for ``idle_s`` and that hold nothing go idle (issue 36): a
+        crashed or abandoned agent's app stayed in every app's N_avg for good."""
+        after = self.settings.idle_after()
+        self._away = {a: t for a, t in self._away.items() if a in self.engine.apps}
+        due = [a for a, t in self._away.items() if now - t >= after and a in self.engine.apps
+               and a not in self.engine.idle and a not in self.conns and not self.engine.held(a)]
+        if not due:
+            return
+        await self._engine_free()
+        for app in due:
+            if app in self.engine.apps and app not in self.conns and not self.engine.held(app):
+                self.engine.set_idle(app, True, self.clock())
+                log.info("app idle", extra={"fields": {"app": app, "away_s": round(now - self._away[app], 1)}})
+        with contextlib.suppress(Exception):
+            self.journal()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -782,12 +811,14 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             if len(self.engine.apps) >= MAX_APPS:
                 await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"the arbiter runs at most {MAX_APPS} apps")
             self.engine.add_app(app, now, slowdown=self._slowdown_of(app))
-        before = (self.engine.apps[app].demand, self.engine.apps[app].most)
+        before = (self.engine.apps[app].demand, self.engine.apps[app].most, app in self.engine.idle)
+        self._away.pop(app, None)
+        self.engine.set_idle(app, False, now)  # back: counted and asked again
         self.engine.set_demand(app, first.hello.demand, now)
         self.engine.note_ready(app, now)
         # A reconnect that changes nothing journaled writes nothing: a flood of Hellos used to write
         # the whole journal each, and its latency turned health NOT_SERVING (issue 32).
-        if new or (self.engine.apps[app].demand, self.engine.apps[app].most) != before:
+        if new or (self.engine.apps[app].demand, self.engine.apps[app].most, False) != before:
             with contextlib.suppress(Exception):  # a failing journal must not refuse agents; health shows it
                 self.journal()
         self.kick()
@@ -850,6 +881,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     task.cancel()
             if self.conns.get(app) is conn:
                 del self.conns[app]
+                self._away[app] = self.clock()
             self.metrics.connected.set(len(self.conns))
             log.info("disconnected", extra={"fields": {"app": app}})
 
@@ -1156,6 +1188,7 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             n_avg=self.engine.n_avg(app, now) if state else 0.0,
             leases=[wire.lease_pb(x) for x in self._leases_of(app)],
             model=self.models.get(app, ""),
+            idle=app in self.engine.idle,
         )
 
     def _app_metrics(self) -> dict[str, tuple[float, int]]:

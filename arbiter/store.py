@@ -211,6 +211,7 @@ class Store:
             "pending_since": state.pending_since,
             "drained": sorted(state.drained),
             "added_machines": [list(m) for m in state.added_machines],
+            "idle": sorted(state.idle),
             "settings": dict(settings),
         }
         with self._transaction() as cur:
@@ -260,6 +261,7 @@ class Store:
             leases=leases,
             drained=frozenset(meta.get("drained", ())),
             added_machines=tuple(tuple(m) for m in meta.get("added_machines", ())),
+            idle=frozenset(meta.get("idle", ())),
         )
         return state, meta.get("settings", {})
 

@@ -321,7 +321,7 @@ class GetAppRequest(_message.Message):
     def __init__(self, app: _Optional[str] = ...) -> None: ...
 
 class AppState(_message.Message):
-    __slots__ = ("app", "connected", "active", "arrived", "demand", "last_rho", "n_avg", "leases", "model")
+    __slots__ = ("app", "connected", "active", "arrived", "demand", "last_rho", "n_avg", "leases", "model", "idle")
     APP_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +331,7 @@ class AppState(_message.Message):
     N_AVG_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
     app: str
     connected: bool
     active: bool
@@ -340,7 +341,8 @@ class AppState(_message.Message):
     n_avg: float
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
     model: str
-    def __init__(self, app: _Optional[str] = ..., connected: _Optional[bool] = ..., active: _Optional[bool] = ..., arrived: _Optional[float] = ..., demand: _Optional[int] = ..., last_rho: _Optional[float] = ..., n_avg: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
+    idle: bool
+    def __init__(self, app: _Optional[str] = ..., connected: _Optional[bool] = ..., active: _Optional[bool] = ..., arrived: _Optional[float] = ..., demand: _Optional[int] = ..., last_rho: _Optional[float] = ..., n_avg: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., model: _Optional[str] = ..., idle: _Optional[bool] = ...) -> None: ...
 
 class IssueTokenRequest(_message.Message):
     __slots__ = ("app", "model")

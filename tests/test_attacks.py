@@ -241,7 +241,7 @@ def _peak_rss_mb(pid: int) -> float:
 def test_streams_without_a_credential_cannot_make_the_arbiter_buffer_their_megabytes(tmp_path):
     """100 streams with no known credential, each sending a 7.9 MB first message, took the arbiter to
     1.55 GB. A message is now at most 4 MB (a bid is a few hundred KB), and the arbiter reads at most
-    ``unauthenticated`` (8) such first messages at once and refuses the others unread with
+    ``unauthenticated`` (4) such first messages at once and refuses the others unread with
     RESOURCE_EXHAUSTED and the limit: with 100 streams of 3.9 MB its peak memory stays under 200 MB
     above what it was, and an app with a credential is served after."""
     server = ArbiterProcess(tmp_path, ["--cluster", str(cluster_file(tmp_path)), "--db", str(tmp_path / "a.db")])

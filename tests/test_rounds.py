@@ -540,3 +540,14 @@ def test_an_infinite_waiting_rho_is_refused():
     with pytest.raises(InvalidReport, match="rho_wait"):
         rnd.report("a", RhoReport(math.inf, 1, rho_wait=math.inf))
     rnd.abandon()
+
+
+def test_an_idle_app_counts_in_no_ones_n_avg_and_is_not_asked():
+    """Issue 36: N_avg is the time-average of the apps contending (D5); an app gone quiet is not."""
+    engine = RoundEngine(load_cluster("testbed-64"), make_policy("themis"))
+    engine.add_app("a", 0.0)
+    engine.add_app("b", 0.0)
+    assert engine.n_avg("b", 100.0) == 2.0
+    engine.set_idle("a", True, 100.0)
+    assert engine.n_avg("b", 300.0) == pytest.approx((2 * 100 + 1 * 200) / 300)
+    assert [r.app for r in engine.open_round(300.0).requests] == ["b"]

@@ -1040,3 +1040,33 @@ def test_a_second_agent_of_a_running_app_is_refused_unless_it_takes_over_and_bot
             await t3
 
     run(scenario())
+
+
+def test_an_app_whose_agent_is_gone_and_that_holds_nothing_goes_idle_and_leaves_n_avg(tmp_path):
+    """Issue 36: an app whose agent crashed (no Done) stayed registered with its demand, counted in
+    every app's N_avg for good. After ``idle_s`` with no agent and no lease it is idle: not counted,
+    not asked, shown as such; its agent coming back makes it active again."""
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=1.0, idle_s=0.5, heartbeat_s=0.1) as server:
+            engine = server.service.engine
+            a, ta = await start_agent(server, "a", halving_app(jobs=2))
+            b, tb = await start_agent(server, "b", halving_app(jobs=2))
+            await wait_for(lambda: a.held and b.held)
+            a.stop()  # the agent is gone without a Done (a crash, a kill)
+            await ta
+            await wait_for(lambda: "a" in engine.idle, 15)  # its leases ran out, then idle_s passed
+            assert not engine.held("a") and "a" in engine.apps
+            stub, meta, ch = admin_stub(server)
+            apps = {x.app: x for x in (await stub.ListApps(pb.ListAppsRequest(), metadata=meta)).apps}
+            assert apps["a"].idle and not apps["b"].idle
+            assert engine.state().idle == frozenset({"a"})  # journaled: a restart keeps it idle
+            back, tback = await start_agent(server, "a", halving_app(jobs=2))
+            assert "a" not in engine.idle
+            apps = {x.app: x for x in (await stub.ListApps(pb.ListAppsRequest(), metadata=meta)).apps}
+            assert not apps["a"].idle
+            await ch.close()
+            for c, t in ((back, tback), (b, tb)):
+                c.stop()
+                await t
+
+    run(scenario())
