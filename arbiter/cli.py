@@ -214,14 +214,52 @@ def cmd_status(args: argparse.Namespace) -> int:
             "drained": list(cluster.drained_machines), "round_id": cluster.round_id,
             "settings": MessageToDict(cluster.settings),
             # rho: on what the app holds after the last round it took part in (issue 11, item 2)
-            "apps": [{"app": a.app, "connected": a.connected, "demand": a.demand, "model": a.model or None,
+            "apps": [{"app": a.app, "connected": a.connected, "idle": a.idle, "demand": a.demand,
+                      "model": a.model or None,
                       "rho": a.last_rho if math.isfinite(a.last_rho) else None,
                       "gpus": len(a.leases), "held": sorted(x.gpu for x in a.leases)} for a in apps.apps],
             "rounds": [MessageToDict(r) for r in rounds.rounds],
         }
 
-    print(json.dumps(asyncio.run(status()), indent=1, default=str))
+    state = asyncio.run(status())
+    if args.json:
+        print(json.dumps(state, indent=1, default=str))
+    else:
+        _print_status(state)
     return 0
+
+
+def _print_status(state: dict) -> None:
+    """``status`` for a person (issue 36): the cluster in a line, then the apps and the recent rounds
+    as tables, times in local time, rho to two decimals ("-": none yet, inf: holds nothing)."""
+    import datetime
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = state["settings"]
+    console.print(f"[b]{state['cluster']}[/]: {state['size']} GPUs, {state['free']} free"
+                  + (f", drained: {', '.join(state['drained'])}" if state["drained"] else "")
+                  + f"; round {state['round_id']}; policy {s.get('policy', '?')}, lease {s.get('leaseS', 0):g} s, "
+                  + f"rank {s.get('rank', '?')}")
+    apps = Table(title="apps", title_justify="left")
+    for col in ("app", "agent", "demand", "GPUs", "rho", "model"):
+        apps.add_column(col, justify="left" if col in ("app", "agent", "model") else "right")
+    for a in state["apps"]:
+        agent = "connected" if a["connected"] else ("idle" if a.get("idle") else "away")
+        rho = "-" if a["rho"] is None else f"{a['rho']:.2f}"
+        apps.add_row(a["app"], agent, str(a["demand"]), str(a["gpus"]), rho, a["model"] or "")
+    console.print(apps if state["apps"] else "no apps")
+    rounds = Table(title="recent rounds", title_justify="left")
+    for col in ("round", "time", "offered", "bidders", "granted", "idle", "s"):
+        rounds.add_column(col, justify="right")
+    for r in state["rounds"]:
+        when = datetime.datetime.fromtimestamp(r.get("now", 0)).strftime("%H:%M:%S")
+        granted = ", ".join(f"{app} {n}" for app, n in sorted(r.get("granted", {}).items())) or "-"
+        rounds.add_row(str(r.get("roundId", "")), when, str(r.get("offered", 0)), str(len(r.get("bidders", []))),
+                       granted, str(r.get("idle", 0)), f"{r.get('latencyS', 0):.2f}")
+    console.print(rounds if state["rounds"] else "no rounds yet")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -360,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ss.set_defaults(func=cmd_slurm_sync)
     st = sub.add_parser("status", help="cluster, apps and recent rounds of a running arbiter (admin)")
     st.add_argument("--rounds", type=int, default=5)
+    st.add_argument("--json", action="store_true", help="print JSON instead of tables")
     for p in (t, dr, ss, rm, rv, st):
         p.add_argument("--arbiter", default=DEFAULT_TARGET)
         p.add_argument("--admin-token")

@@ -315,7 +315,7 @@ def test_one_certificate_puts_grpc_the_admin_cli_and_the_metrics_behind_tls(tmp_
             tgt = f"127.0.0.1:{server.port}"
             loop = asyncio.get_running_loop()
             base = ["--arbiter", tgt, "--admin-token", ADMIN]
-            ok = await loop.run_in_executor(None, main, ["status", *base, "--tls-ca", str(cert)])
+            ok = await loop.run_in_executor(None, main, ["status", *base, "--tls-ca", str(cert), "--json"])
             plain = await loop.run_in_executor(None, main, ["status", *base])
             token_rc = await loop.run_in_executor(None, main, ["issue-token", "a", *base, "--tls-ca", str(cert)])
             https = ssl.create_default_context(cafile=str(cert))

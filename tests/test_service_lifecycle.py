@@ -628,16 +628,22 @@ def test_status_shows_which_gpus_each_app_holds_and_a_finite_rho(tmp_path, capsy
             a, task = await start_agent(server, "a", halving_app(jobs=2))
             first = server.service.rounds_run
             await wait_for(lambda: len(a.held) == 2 and server.service.rounds_run >= first + 2, 30)
+            await asyncio.to_thread(main, ["status", "--arbiter", target(server), "--admin-token", ADMIN, "--json"])
+            first_out = capsys.readouterr().out
             await asyncio.to_thread(main, ["status", "--arbiter", target(server), "--admin-token", ADMIN])
             a.stop()
             await task
+            return first_out
 
-    run(scenario())
+    out = run(scenario())
     import json
 
-    status = json.loads(capsys.readouterr().out)
+    status = json.loads(out)
     (app,) = status["apps"]
     assert app["held"] and len(app["held"]) == app["gpus"] and app["rho"] is not None and math.isfinite(app["rho"])
+    table = capsys.readouterr().out  # the default, for a person: tables, no JSON
+    assert "apps" in table and "recent rounds" in table and "connected" in table and " a " in table
+    assert not table.lstrip().startswith("{")
 
 
 def test_health_is_not_serving_after_the_event_loop_stalled_and_recovers(tmp_path):
