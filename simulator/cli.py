@@ -195,6 +195,13 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     _add_profiles(p)
 
 
+def _add_ray(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run every (policy, setting, seed) as a Ray task instead of local processes: local "
+                        "(start Ray here), auto (the cluster `ray start --head` runs here) or HOST:PORT; runs "
+                        "land in OUT/runs as local ones do, and a failed one is tried once more")
+
+
 def _add_fresh(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="simulate every run again instead of taking the runs kept in OUT/runs for the same "
@@ -229,7 +236,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
                   **_resplit(args))
     store = RunStore(args.out / "runs", reuse=not args.fresh)
-    if args.seeds == 1 and (args.workers or 1) == 1:
+    if args.seeds == 1 and (args.workers or 1) == 1 and not getattr(args, "ray", None):
         per_policy = [[_simulate_kept(store, {"policy": p, "seed": seeds[0], **common})] for p in policies]
     else:
         per_policy = run_seeds([{"policy": p, **common} for p in policies], seeds, args.workers,
@@ -364,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--seeds", type=_count, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
     p.add_argument("--workers", type=_count, default=None, help="processes for the seeds (default: the machine's cores)")
+    _add_ray(p)
     _add_fresh(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("experiment", help="reproduce one of the paper's figures")
@@ -372,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the first seed")
     p.add_argument("--seeds", type=_count, default=5, help="seeds per point: mean and 95%% interval")
     p.add_argument("--workers", type=_count, default=None, help="processes (default: the machine's cores)")
+    _add_ray(p)
     p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
     p.add_argument("--setup", choices=("sim", "paper"), default="sim",
@@ -394,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--liar", default=None, help="comma-separated app ids that lie (instead of --liars)")
     p.add_argument("--seeds", type=_count, default=5, help="seeds: mean and 95%% interval")
     p.add_argument("--workers", type=_count, default=None, help="processes (default: the machine's cores)")
+    _add_ray(p)
     p.add_argument("--rank", choices=RANKS, default="reported",
                    help="the rho that ranks the liars (D21): as they report it, or computed by the arbiter "
                         "with their measured slowdowns")
@@ -401,6 +411,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)
     _use_profiles(args)
+    if getattr(args, "ray", None):
+        if args.workers:
+            console.print("[red]themis-sim: --ray and --workers go apart: Ray's cluster decides how many run at once[/]")
+            return 2
+        from simulator.ray_sweep import RayCluster
+
+        args.workers = RayCluster(args.ray)
     problem = _out_problem(args.out)  # now, not after an hour of simulation; nothing is created yet
     if problem:
         console.print(f"[red]themis-sim: --out {args.out}: cannot use it as the output folder: {problem}[/]")
@@ -410,6 +427,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ClusterFileError, ValueError) as exc:
         console.print(f"[red]themis-sim: {exc}[/]")
         return 2
+    except RuntimeError as exc:
+        from simulator.ray_sweep import RunFailed
+
+        if not isinstance(exc, RunFailed):
+            raise
+        console.print(f"[red]themis-sim: {exc}[/]")
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +20,9 @@ from simulator.engine import DEFAULT_RESTART_S, Simulation
 from simulator.metrics import summarize
 from simulator.run_store import RunStore, simulate_and_keep
 from simulator.workloads import load_workload
+
+if TYPE_CHECKING:
+    from simulator.ray_sweep import RayCluster
 
 __all__ = ["run_seeds", "simulate", "simulate_quietly"]
 
@@ -98,6 +101,25 @@ def simulate_quietly(**kw: Any) -> dict[str, Any]:
     return simulate(show_progress=False, **kw)
 
 
+def _on_ray(cluster: "RayCluster", jobs: Sequence[dict[str, Any]], label: str, total: int,
+            store: RunStore | None) -> list[dict[str, Any]]:
+    """The runs as Ray tasks: each summary kept by this process as it arrives (a worker may be on
+    another machine), one line per finished run with how many are still running."""
+    from simulator.ray_sweep import elapsed, run_name, run_on_ray
+
+    started = time.monotonic()
+    kept = total - len(jobs)
+    console.print(f"{label}: {len(jobs)} runs as Ray tasks on {cluster.address}"
+                  + (f" ({kept} kept)" if kept else ""), highlight=False)
+
+    def line(done: int, running: int) -> None:
+        console.print(f"{label}: {kept + done} of {total} simulations done, {running} running on Ray, "
+                      f"{elapsed(started)} elapsed", highlight=False)
+
+    return run_on_ray(cluster, simulate_quietly, jobs, names=[run_name(j) for j in jobs], progress=line,
+                      keep=(lambda i, summary: store.keep(jobs[i], summary)) if store is not None else None)
+
+
 def _progress_lines(label: str, total: int, kept: int) -> Callable[[int], None]:
     """Progress as one plain line per finished run, for a log file or a pipe (a long experiment
     under ``nohup`` or in CI), where a live bar shows nothing until the end."""
@@ -113,11 +135,13 @@ def _progress_lines(label: str, total: int, kept: int) -> Callable[[int], None]:
     return line
 
 
-def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int | None,
+def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: "int | RayCluster | None",
               label: str, store: RunStore | None = None) -> list[list[dict[str, Any]]]:
     """Every run (``simulate`` keyword arguments) at every seed, in parallel processes with a
-    progress bar; per run, its summaries in seed order. With a ``store``, runs it keeps are taken
-    from it and only the others are simulated (each kept as soon as it ends)."""
+    progress bar -- or, when ``workers`` is a :class:`~simulator.ray_sweep.RayCluster`, as Ray tasks;
+    per run, its summaries in seed order. With a ``store``, runs it keeps are taken from it and only
+    the others are simulated (each kept as soon as it ends)."""
+    from simulator.ray_sweep import RayCluster
     from simulator.seeds import run_parallel
 
     jobs = [{**run, "seed": seed} for run in runs for seed in seeds]
@@ -126,6 +150,12 @@ def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: int
     if store is not None:
         store.reused += len(jobs) - len(todo)
         store.simulated += len(todo)
+    if isinstance(workers, RayCluster):
+        for i, summary in zip(todo, _on_ray(workers, [jobs[i] for i in todo], label, len(jobs), store)):
+            done[i] = summary
+        k = len(seeds)
+        return [done[i * k:(i + 1) * k] for i in range(len(runs))]  # type: ignore[misc]
+    if store is not None:
         calls = [{"folder": str(store.folder), "code": store.code, "job": jobs[i]} for i in todo]
         fn: Any = simulate_and_keep
     else:

@@ -256,3 +256,96 @@ def test_a_supervisor_that_dies_takes_its_job_with_it_and_is_reported(ray_cluste
             time.sleep(0.05)
     finally:
         executor.close()
+
+
+# -- simulation sweeps as Ray tasks (issue 33: `themis-sim ... --ray ADDRESS`) ----------------------
+
+
+def test_a_sweep_runs_as_ray_tasks_keeps_its_runs_like_a_local_one_and_resumes_either_way(ray_cluster, tmp_path):
+    """Every (policy, seed) run a Ray task; the runs land in OUT/runs and equal the local runs field
+    for field (wall time aside); a local sweep into the same folder takes them all, and a Ray sweep
+    with more seeds simulates only the new ones."""
+    from simulator.cli import main
+
+    ray_out, local_out = tmp_path / "ray", tmp_path / "local"
+    args = ["compare", "--workload", "small", "--policies", "themis,fifo", "--seeds", "2"]
+    assert main([*args, "--ray", ray_cluster.address, "--out", str(ray_out)]) == 0
+    assert main([*args, "--workers", "1", "--out", str(local_out)]) == 0
+
+    def kept(folder):
+        out = {}
+        for path in (folder / "runs").glob("*.json"):
+            s = json.loads(path.read_text())["summary"]
+            s.pop("wall_seconds")
+            for app in s["apps"]:
+                app.pop("wall_seconds", None)
+            out[(s["policy"], s["seed"])] = s
+        return out
+
+    on_ray, here = kept(ray_out), kept(local_out)
+    assert sorted(on_ray) == sorted(here) == [("fifo", 0), ("fifo", 1), ("themis", 0), ("themis", 1)]
+    assert on_ray == here
+    before = {p.name: p.stat().st_mtime_ns for p in (ray_out / "runs").glob("*.json")}
+    assert main([*args, "--seeds", "3", "--ray", ray_cluster.address, "--out", str(ray_out)]) == 0
+    after = {p.name: p.stat().st_mtime_ns for p in (ray_out / "runs").glob("*.json")}
+    assert len(after) == 6 and all(after[name] == at for name, at in before.items())  # only seed 2 ran
+
+
+def test_a_run_that_fails_on_ray_is_tried_once_more_then_named(ray_cluster, tmp_path, capsys):
+    from simulator.cli import main
+
+    attempts = tmp_path / "attempts"
+    plugin = tmp_path / "explodes.py"
+    plugin.write_text(
+        "from arbiter.policies import register_policy\n"
+        "from arbiter.policies.fifo import FifoPolicy\n"
+        "@register_policy\n"
+        "class Explodes(FifoPolicy):\n"
+        "    name = 'explodes'\n"
+        "    def allocate(self, ctx, bids):\n"
+        f"        open({str(attempts)!r}, 'a').write('x')\n"
+        "        raise RuntimeError('the policy exploded')\n")
+    code = main(["compare", "--plugin", str(plugin), "--workload", "small", "--policies", "explodes", "--seeds", "1",
+                 "--ray", ray_cluster.address, "--out", str(tmp_path / "out")])
+    said = capsys.readouterr()
+    err = said.out + said.err
+    assert code == 1 and "failed twice on Ray" in err and "policy=explodes" in err and "seed=0" in err
+    assert "the policy exploded" in err
+    assert attempts.read_text() == "xx"  # once, and its retry
+
+
+def test_a_sweep_goes_on_when_a_ray_worker_is_killed_under_it(ray_cluster, tmp_path):
+    """A worker process running a run is SIGKILLed mid-sweep (as a node or a worker dies): Ray runs
+    the task again elsewhere and the sweep ends with every run, equal to the local sweep's."""
+    import signal
+    import threading
+
+    from simulator.cli import main
+
+    args = ["compare", "--workload", "contended", "--cluster", "testbed-64", "--policies", "themis", "--seeds", "2"]
+    result = {}
+    sweep = threading.Thread(target=lambda: result.setdefault("code", main(
+        [*args, "--ray", ray_cluster.address, "--out", str(tmp_path / "ray")])))
+    sweep.start()
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and sweep.is_alive():
+        assert time.monotonic() < deadline, "no Ray worker ran a simulation"
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith("ray::simulate_quietly"):
+                os.kill(int(pid), signal.SIGKILL)
+                killed = int(pid)
+                break
+        time.sleep(0.2)
+    sweep.join(600)
+    assert killed is not None and result.get("code") == 0
+    assert main([*args, "--workers", "1", "--out", str(tmp_path / "local")]) == 0
+    runs = [sorted(json.loads(p.read_text())["summary"]["max_rho"] for p in (tmp_path / d / "runs").glob("*.json"))
+            for d in ("ray", "local")]
+    assert runs[0] == runs[1] and len(runs[0]) == 2
