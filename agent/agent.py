@@ -74,7 +74,7 @@ class Agent:
         if not held and demand > 0:
             fair = max(1, min(demand, math.floor(request.cluster_size / request.n_avg)))
             share = work_of_shape(app, canonical_shape(packed(fair)))
-        return WorkClaim(app.budget(), app.demand_max(), mine, share)
+        return WorkClaim(app.total_work(), app.demand_max(), mine, share)
 
     def bid(self, offer: Offer) -> BidTable:
         return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self._left(), salt=self.name,

@@ -53,6 +53,9 @@ class AppScheduler(ABC):
     #: it is asked about. None of the schedulers here do; bids then skip the GPU counts whose best
     #: placement cannot beat rho_old (``agent.fairness.least_time_left``), which needs that.
     work_depends_on_allocation: ClassVar[bool] = False
+    #: D30: seconds from a job's launch to its first iteration, as measured (``AppRunner`` sets it
+    #: from its jobs' start-ups); 0 where starting costs nothing, as in the simulator's apps
+    start_up_s: float = 0.0
 
     def touch(self, *, plan: bool = True) -> None:
         """The app's work changed. ``plan=False`` says only the current phase progressed, so
@@ -64,6 +67,16 @@ class AppScheduler(ABC):
     @abstractmethod
     def budget(self) -> float:
         """B: the app's total work in GPU-seconds at S = 1 (Eq. 2's T_cluster numerator)."""
+
+    def job_starts(self) -> int:
+        """D30: GPU-starts the app pays even alone on the whole cluster: one per GPU of each job it
+        plans, and again per phase where its tuner restarts the survivors. 0 where unknown."""
+        return 0
+
+    def total_work(self) -> float:
+        """B plus the start-ups it pays even alone (D30): the numerator of T_cluster (Eq. 2)."""
+        budget = self.budget()
+        return budget + self.start_up_s * self.job_starts() if self.start_up_s else budget
 
     @abstractmethod
     def demand_max(self) -> int:
@@ -138,6 +151,10 @@ class FixedJobsApp(CurveStoppingScheduler):
 
     def budget(self) -> float:
         return self._work
+
+    def job_starts(self) -> int:
+        """D30: each job starts once."""
+        return sum(j.demand_max for j in self.jobs)
 
     def demand_max(self) -> int:
         return sum(j.demand_max for j in self.jobs)
@@ -262,6 +279,10 @@ class SuccessiveHalvingApp(SuccessiveHalvingScheduler):
             med = statistics.median(self.iter_times)
             self._planned = sum(max(1, len(self.iter_times) // 2**i) * iters * med for i, iters in enumerate(self.iterations))
         return self._planned
+
+    def job_starts(self) -> int:
+        """D30: each phase starts its jobs again."""
+        return sum(max(1, len(self.iter_times) // 2**i) * self.job_demand(i + 1) for i in range(self.num_phases()))
 
     def demand_max(self) -> int:
         if self.app_demand is not None:

@@ -260,6 +260,8 @@ def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = 
                 t = later.get((phase, shape))
                 if t is None:
                     t = later[(phase, shape)] = phase_time(app.jobs_in_phase(phase, order), order, ordered=True)
+            if t and phase > current and app.start_up_s:  # D30: the phase's jobs start again
+                t += app.start_up_s
             total += t
             if total == INFINITY:
                 break
@@ -277,8 +279,12 @@ def least_time_left(app: AppScheduler, n: int) -> float:
     order = shape_order((((n,),),)) if n else ()
     if isinstance(app, SuccessiveHalvingScheduler):
         total = 0.0
-        for phase in range(app.current_phase(), app.num_phases() + 1):
-            total += phase_time(app.jobs_in_phase(phase, order), order, ordered=True, least=True)
+        current = app.current_phase()
+        for phase in range(current, app.num_phases() + 1):
+            t = phase_time(app.jobs_in_phase(phase, order), order, ordered=True, least=True)
+            if t and phase > current and app.start_up_s:  # D30, as in time_left_of_shape
+                t += app.start_up_s
+            total += t
             if total == INFINITY:
                 break
         return total
@@ -347,12 +353,13 @@ def _shape_of(gpus: Sequence[Position]) -> Shape:
 
 
 def ideal_time(app: AppScheduler, *, n_avg: float, cluster_size: int) -> float:
-    """T_id = T_cluster * N_avg, T_cluster = B / min(R_C, app_demand_max) (Eq. 1, 2; D5)."""
+    """T_id = T_cluster * N_avg, T_cluster = B / min(R_C, app_demand_max) (Eq. 1, 2; D5), B with the
+    start-ups the app pays even alone (D30)."""
     if n_avg < 1 or not math.isfinite(n_avg):
         raise ValueError(f"N_avg must be a finite number >= 1 (D5), got {n_avg!r}")
     if cluster_size < 1:
         raise ValueError(f"cluster size must be >= 1, got {cluster_size}")
-    return app.budget() / min(cluster_size, max(1, app.demand_max())) * n_avg
+    return app.total_work() / min(cluster_size, max(1, app.demand_max())) * n_avg
 
 
 def finish_time_fairness(

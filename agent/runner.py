@@ -45,6 +45,7 @@ import inspect
 import logging
 import math
 import os
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -758,10 +759,21 @@ class AppRunner:
         if self._bar is not None:
             self._bar.update(len(self._results), f"best {self._best_text()}")
 
+    def _count_start_ups(self, seconds: list[float]) -> None:
+        """D30: the app's rho counts the start-up its jobs pay (the median so far): in T_id once
+        per job start it pays even alone, in its time left once per phase still to start, and in
+        every bid row that moves its jobs (D17)."""
+        start_up = statistics.median(seconds)
+        self.adapter.start_up_s = start_up
+        self.client.agent.restart_s = start_up
+        self.adapter.touch()
+
     def _take_start_ups(self) -> None:
         """Item 5: a job whose start-up (launch to first report) is over a tenth of the lease loses
         much of each lease to starting; warn once per app with what to change."""
         taken, self.launcher.start_ups = self.launcher.start_ups, []
+        if taken:
+            self._count_start_ups([seconds for _, seconds in self.start_ups + taken])
         for job, seconds in taken:
             self.start_ups.append((job, seconds))
             if self._record is not None:

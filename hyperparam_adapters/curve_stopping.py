@@ -363,6 +363,10 @@ class CurveStoppingAdapter(TunerAdapter, CurveStoppingScheduler):
                    for t in self._trials.values())
         return work + (self.max_trials - len(self._trials)) * self.max_iterations * self._median_time()
 
+    def job_starts(self) -> int:
+        """D30: each trial starts once when it runs alone."""
+        return self.max_trials * self.job_demand
+
     def demand_max(self) -> int:
         return min(self.parallel, self.max_trials) * self.job_demand
 

@@ -256,6 +256,10 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
         iteration time (fixed, like the paper's 10,000 GPU-s of 4.3.3)."""
         return self._budget
 
+    def job_starts(self) -> int:
+        """D30: every rung launches its trials again (survivors resume from their checkpoints)."""
+        return sum(r.count * self.phase_demand(p + 1) for p, (_, r, _) in enumerate(self._phases))
+
     def demand_max(self) -> int:
         return max(r.count * self.phase_demand(p + 1) for p, (_, r, _) in enumerate(self._phases))
 

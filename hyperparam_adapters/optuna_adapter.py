@@ -541,6 +541,10 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         """B: work done plus the expected work left (GPU-seconds at S = 1)."""
         return self.work_done() + self.work_left()
 
+    def job_starts(self) -> int:
+        """D30: each trial starts once when it runs alone (a pruned one too)."""
+        return self.n_trials * self.trial_demand
+
     def demand_max(self) -> int:
         return self.parallel * self.trial_demand
 

@@ -488,7 +488,7 @@ def share_time(run: AppRun, cluster_size: int) -> float:
     cluster (paper 4.3.1). For one-GPU jobs it is Shockwave's and Gavel's "time alone x
     max(1, jobs / GPUs)" with jobs averaged over the app's life."""
     app = run.app
-    return app.budget() / min(max(1, app.demand_max()), cluster_size / run.n_avg_at_finish)
+    return app.total_work() / min(max(1, app.demand_max()), cluster_size / run.n_avg_at_finish)
 
 
 def app_rho(run: AppRun, cluster_size: int) -> float:

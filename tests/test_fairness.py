@@ -233,3 +233,50 @@ def test_a_halving_app_keeps_its_plan_while_its_phase_progresses():
         app.advance(j, 10.0)
     app.end_phase(["job1", "job2"])
     assert app.plan_version > plan
+
+
+def _halving(iter_time: float, start_up: float) -> SuccessiveHalvingApp:
+    app = SuccessiveHalvingApp(iter_times=[iter_time] * 4, iterations=[10, 20, 40])
+    app.start_up_s = start_up
+    return app
+
+
+def _rho_on_fair_share(app: SuccessiveHalvingApp, start_up: float, *, cluster: int = 8, n_avg: float = 2.0) -> float:
+    """The app's rho at its finish after running alone on its fair share (R_C / N_avg GPUs), paying
+    ``start_up`` before each phase as a real tuner does that restarts its survivors every rung."""
+    share = [("r0", "m0", f"s{k}") for k in range(int(cluster / n_avg))]
+    elapsed = sum(start_up + phase_time(app.jobs_in_phase(p, share), share) for p in range(1, app.num_phases() + 1))
+    return elapsed / ideal_time(app, n_avg=n_avg, cluster_size=cluster)
+
+
+def test_start_up_counts_in_the_ideal_time_once_per_job_start():
+    """D30: T_id = N_avg * (B + start-up * GPU-starts) / min(R_C, demand_max); 4 + 2 + 1 starts."""
+    app = _halving(0.01, 5.0)
+    assert app.job_starts() == 7
+    assert ideal_time(app, n_avg=2.0, cluster_size=8) == pytest.approx((app.budget() + 5.0 * 7) / 4 * 2.0)
+    app.start_up_s = 0.0
+    assert ideal_time(app, n_avg=2.0, cluster_size=8) == pytest.approx(app.budget() / 4 * 2.0)
+
+
+def test_a_short_trial_search_on_its_fair_share_has_a_rho_like_a_long_trial_one():
+    """Issue 36: a search of millisecond iterations and 5 s start-ups reported rho 35-40 on its fair
+    share, because T_id had no start-up in it. With D30 its rho is within a factor 1.5 of a search
+    of the same shape whose trials run minutes; without it, more than 10 times higher."""
+    short, long_ = _halving(0.01, 5.0), _halving(10.0, 5.0)
+    ratio = _rho_on_fair_share(short, 5.0) / _rho_on_fair_share(long_, 5.0)
+    assert 1 / 1.5 < ratio < 1.5
+    short.start_up_s = long_.start_up_s = 0.0  # what rho said before D30, for the same runs
+    assert _rho_on_fair_share(short, 5.0) / _rho_on_fair_share(long_, 5.0) > 10
+
+
+def test_time_left_counts_a_start_up_for_every_phase_still_to_start():
+    """D30: the phases after the current one start their jobs again; the current one is running."""
+    gpus = [("r0", "m0", f"s{k}") for k in range(4)]
+    app = _halving(1.0, 0.0)
+    before = finish_time_fairness(app, gpus, now=0.0, n_avg=1.0, cluster_size=8)
+    app.start_up_s = 3.0
+    app.touch()
+    t_id = ideal_time(app, n_avg=1.0, cluster_size=8)
+    after = finish_time_fairness(app, gpus, now=0.0, n_avg=1.0, cluster_size=8)
+    left_before = before * (app.budget() / 4)
+    assert after * t_id == pytest.approx(left_before + 2 * 3.0)

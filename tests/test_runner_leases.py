@@ -5,6 +5,7 @@ the runner must never keep or start a job on a GPU the app may no longer hold.""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import textwrap
 import time
@@ -176,6 +177,9 @@ def test_start_up_longer_than_a_tenth_of_the_lease_is_warned_once(tmp_path, capl
         asyncio.run(launcher.shutdown(1))
     assert expires - after <= runner.lease_s <= expires - before  # what was left of it at the grant
     assert len(runner.start_ups) == 2 and all(s > 0.6 for _, s in runner.start_ups)
+    # D30: rho counts the measured start-up (T_id, phases still to start, bid rows that move jobs)
+    assert adapter.start_up_s == statistics.median(s for _, s in runner.start_ups) > 0.6
+    assert client.agent.restart_s == adapter.start_up_s
     warnings = [r.getMessage() for r in caplog.records if "from launch to its first report" in r.getMessage()]
     assert len(warnings) == 1, warnings  # once per app
     assert f"more than a tenth of the {runner.lease_s:.0f} s lease" in warnings[0]
