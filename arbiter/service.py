@@ -399,19 +399,22 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         """Clear retained topics the journal does not know (issue 12): an app's leases and rho
         from an app that is gone, a GPU's lease on a GPU the cluster no longer has -- left on the
         broker by an earlier arbiter (another journal, a lost journal). Reads what the broker
-        retains for ``window_s`` s after subscribing (:meth:`read_retained`), then clears what is
-        still unknown at that moment (:meth:`clear_unknown`); returns the topics cleared."""
+        retains for ``window_s`` s after subscribing and clears each topic as it arrives, if it is
+        unknown at that moment (:meth:`clear_unknown`); returns the topics cleared. Clearing only
+        once the window had passed left an earlier arbiter's lease lists beside this one's for the
+        first rounds, overlapping on the same GPUs (issue 32)."""
+        cleared: list[str] = []
         try:
-            retained = await self.read_retained(window_s)
+            await self.read_retained(window_s, on_retained=lambda topic: cleared.extend(self.clear_unknown([topic])))
         except Exception as exc:  # the broker is never on the scheduling path; try again at the next start
             log.warning("could not read the broker's retained state",
                         extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
-            return []
-        return self.clear_unknown(retained)
+        return cleared
 
-    async def read_retained(self, window_s: float) -> set[str]:
+    async def read_retained(self, window_s: float, on_retained: Callable[[str], Any] | None = None) -> set[str]:
         """The topics under this cluster's prefix that the broker holds a retained value for, as
-        a new subscriber gets them within ``window_s`` s (MQTT marks no end of the retained state)."""
+        a new subscriber gets them within ``window_s`` s (MQTT marks no end of the retained state);
+        ``on_retained(topic)`` is called for each as it arrives."""
         prefix = f"themis/{self.cluster}/"
         seen: set[str] = set()
         async with self.bus.subscribe(prefix + "#") as sub:
@@ -426,6 +429,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                     break
                 if event.retained and event.payload is not None:
                     seen.add(event.topic)
+                    if on_retained is not None:
+                        on_retained(event.topic)
                 else:
                     seen.discard(event.topic)  # changed since: whoever changed it owns it now
         return seen
@@ -777,8 +782,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
                                f"{limits.per_s:g} more a second): wait and reconnect")
         try:
             first = await asyncio.wait_for(anext(request_iterator.__aiter__()), limits.hello_s)
-        except StopAsyncIteration:
-            return
+        except StopAsyncIteration:  # said nothing, or an incomplete message, and closed: never OK (issue 32)
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                               "the stream ended before its Hello (no message, or an incomplete one)")
         except TimeoutError:
             await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"no Hello within {limits.hello_s:g} s of connecting (the limit)")
@@ -843,6 +849,12 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             places=wire.places({x.gpu: position(x.gpu) for x in mine}), took_over=old is not None)))
         self.metrics.connected.set(len(self.conns))
         log.info("connected", extra={"fields": {"app": app}})
+        # The headers go out on their own before the first message: HTTP/2 flow control never holds
+        # them, and a Welcome that flow control holds is then a pending message alone. Sent with the
+        # Welcome, they made the status of a stream ended meanwhile a second send of headers
+        # (TOO_MANY_OPERATIONS): the agent was never told (issue 32, a flood of Hellos).
+        with contextlib.suppress(Exception):
+            await context.send_initial_metadata(())
         reader = asyncio.create_task(self._read(conn, request_iterator))
         closed = asyncio.create_task(conn.closed.wait())
         get = write = None

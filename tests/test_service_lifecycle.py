@@ -7,6 +7,7 @@ reason, the rho published after a round is the app's rho on what it holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 
@@ -836,6 +837,39 @@ def test_the_sweep_never_clears_topics_of_an_app_that_connected_while_it_read(tm
             assert not set(gone) & set(broker)
             a.stop()
             await task
+        await watch.close()
+
+    run(scenario())
+
+
+def test_the_sweep_clears_a_stale_lease_list_as_soon_as_it_reads_it(tmp_path, mosquitto):  # noqa: F811
+    """Issue 32: an earlier arbiter's retained lease lists (same cluster name, another journal)
+    stayed beside this arbiter's for its first rounds, the same GPUs in two apps' lists: the sweep
+    cleared what it read only once its whole reading window had passed. Now each stale topic is
+    cleared as it arrives: here a sweep with a minute-long window has cleared it while it still
+    reads."""
+    import json
+
+    import aiomqtt
+
+    from tests.test_service_faults import Watch
+
+    root = "themis/test-8"
+    stale = f"{root}/apps/ghost/leases"
+
+    async def scenario():
+        watch = Watch(mosquitto.port, f"{root}/#")
+        await asyncio.wait_for(watch.ready.wait(), 10)
+        async with arbiter(tmp_path, mqtt=f"mqtt://127.0.0.1:{mosquitto.port}") as server:
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="old-arbiter") as old:
+                await old.publish(stale, json.dumps({"app": "ghost", "gpus": ["r0-m0-g0"]}), qos=1, retain=True)
+            await wait_for(lambda: watch.on(stale), 10)
+            sweep = asyncio.create_task(server.service.sweep_retained(window_s=60.0))
+            await wait_for(lambda: None in watch.on(stale), 20)
+            assert not sweep.done()  # cleared while the sweep still reads
+            sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweep
         await watch.close()
 
     run(scenario())
