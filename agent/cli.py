@@ -11,9 +11,11 @@ registers the app with an admin-issued token (or reuses the credential kept in
 ``--credential-file``), connects, and runs the app's jobs emulated on the GPUs it is granted
 (``agent.emulated``) until they finish. It prints a line per grant, revocation and trial result and a
 progress bar, and keeps rho over time, the GPUs held and the trials in
-``<--workdir>/<app>/<run id>/record.jsonl`` with a plot ``rho_gpus.png`` (``agent.emulated_record``). It exits 1 with the reason when the arbiter refuses the
-credential (e.g. a stale credential file), removes the app or revokes its credential, or cannot be
-reached at all (issue 11, item 3).
+``<--workdir>/<app>/<run id>/record.jsonl`` with a plot ``rho_gpus.png`` (``agent.emulated_record``).
+When it cannot go on -- no arbiter answers, the token or credential is refused or revoked, an admin
+removed the app, another agent took it over, Ctrl-C -- it prints one line with the cause and the
+fix and exits with the code of ``protos.exits`` (docs/agents.md, "When the agent stops: exit
+codes"); ``--debug`` adds the traceback (issue 36, item 4).
 """
 
 from __future__ import annotations
@@ -78,15 +80,15 @@ def rho_table(args: argparse.Namespace) -> int:
 def run_agent(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import signal
     import time
     from pathlib import Path
 
-    import grpc
-
-    from agent.client import AgentClient, register
+    from agent.client import AgentClient, AgentStopped, register_or_stop
     from agent.credential import CredentialFileError, keep_credential, read_credential
     from agent.emulated import EmulatedJobs
     from agent.emulated_record import EmulatedRunRecord, TellingAgent
+    from protos import exits
 
     if args.quiet:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -94,10 +96,10 @@ def run_agent(args: argparse.Namespace) -> int:
         app, _ = load_app(args.app)
     except AppConfigError as exc:
         print(f"themis-agent: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     if not (math.isfinite(args.speedup) and args.speedup > 0):  # before registering spends the token
         print(f"themis-agent: --speedup must be a positive number, got {args.speedup}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     app.start_time = time.time()
     name = args.name or Path(args.app).stem
     cred_file = Path(args.credential_file) if args.credential_file else None
@@ -107,45 +109,63 @@ def run_agent(args: argparse.Namespace) -> int:
     except (OSError, CredentialFileError) as exc:
         print(f"themis-agent: {'--tls-ca: ' if not isinstance(exc, CredentialFileError) else ''}{exc}",
               file=sys.stderr)
-        return 2
+        return exits.USAGE
 
     async def main_async() -> int:
         nonlocal credential
         if credential is None:
             if not args.token:
-                print("themis-agent: --token is required the first time (themis-arbiter issue-token)", file=sys.stderr)
-                return 2
-            try:
-                credential = await register(args.arbiter, name, args.token, tls_ca=tls_ca)
-            except grpc.aio.AioRpcError as exc:
-                print(f"themis-agent: registration refused: {exc.code().name}: {exc.details()}", file=sys.stderr)
-                return 1
+                kept = f" (none kept in {cred_file})" if cred_file else ""
+                raise AgentStopped("no_credential", f"{name!r} has no credential{kept} and no --token",
+                                   f"the first run needs a registration token: themis-agent run ... --token "
+                                   f"\"$(themis-arbiter issue-token {name})\"")
+            credential = await register_or_stop(args.arbiter, name, args.token, tls_ca=tls_ca)
             if cred_file:
                 keep_credential(cred_file, credential)
         agent = TellingAgent(app, name=name)
-        client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca, take_over=args.take_over)
+        client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca, take_over=args.take_over,
+                             first_connect_timeout_s=args.connect_timeout, credential_file=cred_file)
         jobs = EmulatedJobs(client, app, speedup=args.speedup)
         record = EmulatedRunRecord(client, agent, args.workdir, trials=jobs.trials, quiet=args.quiet)
         jobs.on_result = record.trial
+        loop = asyncio.get_running_loop()
+        signalled: asyncio.Future = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C or a kill: stop cleanly, one line, 130 / 143
+            loop.add_signal_handler(sig, lambda s=sig: signalled.done() or signalled.set_result(s))
         sampling = asyncio.create_task(record.sample_rho())
         runner = asyncio.create_task(client.run())
         working = asyncio.create_task(jobs.run())
         try:
-            await asyncio.wait({runner, working}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({runner, working, signalled}, return_when=asyncio.FIRST_COMPLETED)
+            if signalled.done():
+                sig = signal.Signals(signalled.result())
+                client.stop()  # the stream closes; the app keeps its leases until they run out
+                await asyncio.wait({runner}, timeout=5)
+                if runner.done() and not runner.cancelled():
+                    runner.exception()  # retrieved: a refusal that raced the signal says nothing more
+                record.close(False, reason=f"interrupted ({sig.name})")
+                print(f"themis-agent: {name}: interrupted ({'Ctrl-C' if sig == signal.SIGINT else sig.name}): "
+                      "the emulated jobs stopped; the app's GPUs go back when their leases run out",
+                      file=sys.stderr)
+                return exits.INTERRUPTED if sig == signal.SIGINT else exits.TERMINATED
             if not working.done():  # the agent stopped first: removed, revoked, refused, unreachable
-                working.cancel()
-                why = runner.exception() or "the connection ended before the app finished"
+                why = runner.exception() or AgentStopped("ended", "the connection ended before the app finished")
                 record.close(False, reason=str(why))
-                print(f"themis-agent: {name}: stopped: {why}", file=sys.stderr)
-                return 1
+                raise why
+            if working.exception() is not None:  # a bug in the emulation: not a finished app
+                raise working.exception()
             await asyncio.wait_for(runner, 30)
         finally:
-            sampling.cancel()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            for task in (sampling, working, runner):
+                task.cancel()
+            await asyncio.wait({sampling, working, runner})  # nothing left pending at exit
         png = record.close(True)
         print(json.dumps({"app": name, "finished_after_s": round(jobs.finished_at - app.start_time, 1),
                           "connects": client.connects, "record": str(record.record.path),
                           "plot": str(png) if png else None}))
-        return 0
+        return exits.OK
 
     return asyncio.run(main_async())
 
@@ -174,9 +194,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the run's record.jsonl and rho_gpus.png go, under <workdir>/<app>/<run id>/ "
                         "(default: ./themis-runs)")
     r.add_argument("--quiet", action="store_true", help="no lines or progress bar (warnings and errors only)")
+    r.add_argument("--connect-timeout", type=float, default=120.0, metavar="S",
+                   help="stop (exit 3) when no arbiter has answered for this long at the start (default 120 s)")
     r.set_defaults(func=run_agent)
+    for each in (p, r):
+        each.add_argument("--debug", action="store_true", help="show the traceback of an error, not only its line")
     args = parser.parse_args(argv)
-    return args.func(args)
+    from protos.exits import say
+
+    try:
+        return args.func(args)
+    except (Exception, KeyboardInterrupt) as exc:  # one line with the cause and the fix (docs/agents.md)
+        return say("themis-agent", exc, debug=args.debug)
 
 
 if __name__ == "__main__":

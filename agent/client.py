@@ -22,19 +22,22 @@ from dataclasses import dataclass, field
 import grpc
 
 from agent.agent import Agent
+from protos import exits, wire
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
-from protos import wire
+from protos.exits import Stopped, rpc_cause
 from protos.messages import Position
 from protos.rpc import bearer, channel, issue_token, register
 
-__all__ = ["AgentClient", "AgentStopped", "HeldGpu", "channel", "issue_token", "register"]
+__all__ = ["AgentClient", "AgentStopped", "HeldGpu", "NoCredential", "channel", "issue_token", "register",
+           "register_or_stop"]
 
 log = logging.getLogger("themis.agent")
 
 FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)
 SILENT_HEARTBEATS = 3  # a stream without any message for this many heartbeat intervals is broken
 DONE_RETRY_S = 20.0  # how long a finished agent goes on connecting to say Done until the arbiter acknowledges it
+FIRST_NOTICE_S = 5.0  # never welcomed for this long: one warning that the arbiter cannot be reached yet
 
 
 @dataclass(frozen=True)
@@ -44,15 +47,45 @@ class HeldGpu:
     expires_at: float
 
 
-class AgentStopped(RuntimeError):
-    """The agent cannot go on (issue 11 item 3, issue 12 item 1): the arbiter removed the app,
-    revoked its credential, another agent replaced it, it refused the credential, or it could not
-    be reached before ``first_connect_timeout_s``. ``why`` is the Goodbye's (or "refused",
-    "unreachable"); ``reason`` says it for people."""
+#: why the agent stopped -> exit code (protos.exits; docs/agents.md's table)
+EXIT_CODES = {"unreachable": exits.UNREACHABLE, "refused": exits.REFUSED, "revoked": exits.REFUSED,
+              "no_credential": exits.REFUSED, "removed": exits.REMOVED, "replaced": exits.REPLACED}
 
-    def __init__(self, why: str, reason: str):
-        super().__init__(f"{why}: {reason}")
-        self.why, self.reason = why, reason
+
+class AgentStopped(Stopped):
+    """The agent cannot go on (issue 11 item 3, issue 12 item 1, issue 36 item 4): the arbiter
+    removed the app, revoked its credential, another agent replaced it, it refused the credential or
+    the registration token, or it could not be reached before ``first_connect_timeout_s``. ``why``
+    is the Goodbye's (or "refused", "unreachable", "no_credential"); ``reason`` says it for people,
+    ``fix`` what to do; ``str()`` is one line, ``exit_code`` what ``themis-agent`` exits with."""
+
+    def __init__(self, why: str, reason: str, fix: str | None = None, exit_code: int | None = None):
+        super().__init__(why, reason, fix, EXIT_CODES.get(why, exits.FAILED) if exit_code is None else exit_code)
+
+
+class NoCredential(AgentStopped, ValueError):
+    """Neither a credential (given, or kept in the credential file) nor a registration token."""
+
+
+def new_token_fix(app: str, credential_file: object = None) -> str:
+    """What to do when the app's credential no longer works (revoked, registered again elsewhere)."""
+    first = f"delete {credential_file}, then " if credential_file else ""
+    return (f"{first}run with a new registration token: themis-arbiter issue-token {app}, given with --token "
+            f"(AppRunner: token=)")
+
+
+async def register_or_stop(target: str, app: str, token: str, *, tls_ca: bytes | None = None) -> str:
+    """:func:`register`, with what a refusal or an unreachable arbiter means said in one line
+    (:class:`AgentStopped`) instead of gRPC's multi-line error."""
+    try:
+        return await register(target, app, token, tls_ca=tls_ca)
+    except grpc.aio.AioRpcError as exc:
+        stopped = exits.rpc_stopped(
+            exc, target, what=f"registration token for {app!r}", tls=tls_ca is not None,
+            refused_fix=f"a registration token is good for one registration: ask an admin for a new one "
+                        f"(themis-arbiter issue-token {app}); later runs use the credential it buys "
+                        f"(--credential-file, AppRunner: credential_file=) and need no token")
+        raise AgentStopped(stopped.why, stopped.reason, stopped.fix, stopped.exit_code) from None
 
 
 class _Silent(Exception):
@@ -76,6 +109,7 @@ class AgentClient:
     connect_timeout_s: float = 10.0  # one attempt: dial, Hello, Welcome
     take_over: bool = False  # replace a live stream of the app at the first connect (--take-over)
     first_connect_timeout_s: float | None = 120.0  # never welcomed for this long: AgentStopped("unreachable")
+    credential_file: object = None  # where the credential came from, named in what to do when it is refused
 
     def __post_init__(self) -> None:
         if not self.agent.name:
@@ -94,6 +128,8 @@ class AgentClient:
         self.goodbye: pb.Goodbye | None = None  # the last stream's final message, if the arbiter ended it
         self.ever_welcomed = False
         self._done_at: float | None = None  # time.monotonic() of done()
+        self._lost_since: float | None = None  # time.monotonic() the stream was lost after a Welcome, till the next
+        self._lost_said = ""  # the cause last warned of while it is lost
 
     # -- what the app does -----------------------------------------------------------------------
 
@@ -134,6 +170,7 @@ class AgentClient:
         credential, or was never reached within ``first_connect_timeout_s``."""
         delay = self.backoff_s[0]
         started = time.monotonic()
+        noticed = False
         while not self._stop.is_set():
             self.goodbye = None
             problem = None
@@ -141,16 +178,16 @@ class AgentClient:
                 await self._session()
             except grpc.aio.AioRpcError as exc:
                 if self.goodbye is None and exc.code() in FATAL:
-                    log.error("arbiter refused %s: %s: %s", self.app, exc.code().name, exc.details())
-                    raise AgentStopped("refused", f"{exc.code().name}: {exc.details()}") from exc
-                problem = f"{exc.code().name}: {exc.details()}"
+                    log.debug("arbiter refused %s: %s: %s", self.app, exc.code().name, exc.details())
+                    raise self._refused(exc) from exc
+                problem = rpc_cause(exc)
             except _Silent as exc:
                 problem = str(exc)
             bye = self.goodbye
             if bye is not None and not bye.reconnect:
                 if bye.why == "finished":
                     break
-                raise AgentStopped(bye.why, bye.reason)
+                raise self._ended(bye)
             if self._stop.is_set() or (self.finished and not self._say_done_again()):
                 break
             if self.welcomed.is_set():
@@ -158,19 +195,64 @@ class AgentClient:
             if bye is not None:
                 problem = f"{bye.why}: {bye.reason}"
             waited = time.monotonic() - started
-            if not self.ever_welcomed and self.first_connect_timeout_s is not None \
-                    and waited > self.first_connect_timeout_s:
-                raise AgentStopped("unreachable", f"no Welcome from {self.target} in {waited:.0f} s "
-                                                  f"(last: {problem or 'stream ended'})")
             pause = delay * random.uniform(0.8, 1.2)
-            log.warning("stream of %s to %s lost (%s); reconnecting in %.1f s", self.app, self.target,
-                        problem or "ended by the arbiter", pause)
+            if not self.ever_welcomed:
+                # Never connected: one line at the end (AgentStopped "unreachable"), and one notice
+                # meanwhile if that takes a while -- not a warning per try.
+                limit = self.first_connect_timeout_s
+                if limit is not None and waited > limit:
+                    stopped = exits.unreachable(self.target, f"no Welcome in {waited:.0f} s; last: "
+                                                             f"{problem or 'stream ended'}", tls=self.tls_ca is not None)
+                    raise AgentStopped(stopped.why, stopped.reason, stopped.fix)
+                if waited > FIRST_NOTICE_S and not noticed:
+                    noticed = True
+                    log.warning("%s cannot reach the arbiter at %s yet (%s); trying again%s", self.app, self.target,
+                                problem or "stream ended", f" for up to {limit:.0f} s" if limit is not None else "")
+                else:
+                    log.debug("%s: no arbiter at %s (%s); trying again in %.1f s", self.app, self.target,
+                              problem or "stream ended", pause)
+            else:
+                # one warning per cause, not one per try while the arbiter restarts; the Welcome that
+                # ends the outage says so (_handle)
+                cause = problem or "ended by the arbiter"
+                if self._lost_since is None or cause != self._lost_said:
+                    log.warning("stream of %s to %s lost (%s); reconnecting in %.1f s", self.app, self.target,
+                                cause, pause)
+                else:
+                    log.debug("still no stream of %s to %s (%s); trying again in %.1f s", self.app, self.target,
+                              cause, pause)
+                self._lost_said = cause
+                if self._lost_since is None:
+                    self._lost_since = time.monotonic()
             self.welcomed.clear()
             try:
                 await asyncio.wait_for(self._stop.wait(), pause)
             except TimeoutError:
                 pass
             delay = min(self.backoff_s[1], delay * 2)
+
+    def _refused(self, exc: grpc.aio.AioRpcError) -> AgentStopped:
+        """The arbiter refused the stream itself (no Goodbye): what that means, and what to do."""
+        code, details = exc.code(), exc.details() or ""
+        said = f"{code.name}: {' '.join(details.split())}"
+        if code == grpc.StatusCode.ALREADY_EXISTS:  # the arbiter's reason names the way out already
+            return AgentStopped("refused", said, None, exits.REPLACED)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return AgentStopped("refused", f"the arbiter at {self.target} refused the credential of {self.app!r} "
+                                           f"({said})", new_token_fix(self.app, self.credential_file))
+        return AgentStopped("refused", f"the arbiter at {self.target} refused {self.app!r} ({said})",
+                            "each credential is good for the one app it was issued for: check the app name, or "
+                            + new_token_fix(self.app, self.credential_file))
+
+    def _ended(self, bye: pb.Goodbye) -> AgentStopped:
+        """The arbiter ended the stream for good (a Goodbye without reconnect)."""
+        fixes = {
+            "removed": "to run it again, " + new_token_fix(self.app, self.credential_file),
+            "revoked": new_token_fix(self.app, self.credential_file),
+            "replaced": f"another agent of {self.app!r} runs it now (it connected with --take-over); if that was "
+                        "not meant, stop that one and start this one with --take-over (AppRunner: take_over=True)",
+        }
+        return AgentStopped(bye.why, bye.reason, fixes.get(bye.why))
 
     def _say_done_again(self) -> bool:
         """The app is done but no Goodbye "finished" came: its Done went out on a stream that broke
@@ -182,7 +264,8 @@ class AgentClient:
         return False
 
     async def _session(self) -> None:
-        self._out = asyncio.Queue()
+        out: asyncio.Queue = asyncio.Queue()  # this stream's own: a later stream never reads it
+        self._out = out
         # after a Welcome, every reconnect takes over: the old stream is this agent's own, which the
         # arbiter may not have found dead yet
         self._put(pb.AgentMessage(hello=pb.Hello(app=self.app, demand=self.agent.app.demand_now(),
@@ -190,36 +273,48 @@ class AgentClient:
         if self.finished:  # Done was said while the stream was down: say it again
             self._put(pb.AgentMessage(done=pb.Done(app=self.app)))
 
-        async def outgoing():
-            while True:
-                msg = await self._out.get()
-                if msg is None:
-                    return
-                yield msg
-                if msg.WhichOneof("kind") == "done":
-                    return
-
         async with channel(self.target, self.tls_ca) as ch:
-            call = pb_grpc.ArbiterStub(ch).Connect(outgoing(), metadata=bearer(self.credential))
+            # Written by a task of ours, not by an async generator handed to gRPC: gRPC cancels the
+            # task consuming such a generator only while the call is live, so each stream that failed
+            # (the arbiter restarting) left one pending on its queue, and at exit Python reported
+            # "Task was destroyed but it is pending!" and "cannot reuse already awaited coroutine".
+            call = pb_grpc.ArbiterStub(ch).Connect(metadata=bearer(self.credential))
             self.connects += 1
-            stream = call.__aiter__()
+            writer = asyncio.create_task(self._write(call, out), name=f"themis-agent-{self.app}-send")
             try:
                 while True:
                     # Before the Welcome: the connect timeout; then any message (heartbeats come
                     # every heartbeat_s) must arrive within SILENT_HEARTBEATS intervals.
                     wait = SILENT_HEARTBEATS * self.heartbeat_s if self.welcomed.is_set() else self.connect_timeout_s
                     try:
-                        msg = await asyncio.wait_for(stream.__anext__(), wait)
-                    except StopAsyncIteration:
-                        return
+                        msg = await asyncio.wait_for(call.read(), wait)
                     except TimeoutError:
                         what = "a heartbeat" if self.welcomed.is_set() else "the Welcome"
                         raise _Silent(f"no message for {wait:.1f} s (waiting for {what})") from None
+                    if msg is grpc.aio.EOF:
+                        return
                     self._handle(msg)
                     if self._stop.is_set():
                         return
             finally:
                 call.cancel()
+                writer.cancel()
+                await asyncio.wait([writer])  # ended before the channel closes; never left pending
+
+    @staticmethod
+    async def _write(call, out: asyncio.Queue) -> None:
+        """Send what the app puts on this stream's queue until None (stop) or Done, then half-close."""
+        try:
+            while True:
+                msg = await out.get()
+                if msg is None:
+                    break
+                await call.write(msg)
+                if msg.WhichOneof("kind") == "done":
+                    break
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+            log.debug("stream closed while sending: %s", exc)  # the call ended: its reader says why
 
     def hears_arbiter(self, within_s: float) -> bool:
         """Welcomed on a stream that brought a message (a heartbeat at least) in the last ``within_s``
@@ -250,6 +345,10 @@ class AgentClient:
                 self.on_revoke(lost, "not held after reconnecting")
             if msg.welcome.took_over and not self.ever_welcomed:
                 log.warning("%s took over from another agent of the same name, which the arbiter stopped", self.app)
+            if self._lost_since is not None:
+                log.warning("%s reconnected to %s after %.1f s; holds %d GPU%s", self.app, self.target,
+                            time.monotonic() - self._lost_since, len(self.held), "" if len(self.held) == 1 else "s")
+                self._lost_since, self._lost_said = None, ""
             self.ever_welcomed = True
             self.welcomed.set()
         elif kind == "rho_request":
@@ -280,8 +379,9 @@ class AgentClient:
             log.warning("arbiter rejected %s's %s: %s", self.app, msg.rejection.what, msg.rejection.reason)
         elif kind == "goodbye":
             bye = self.goodbye = msg.goodbye
-            log.log(logging.INFO if bye.why == "finished" else logging.WARNING,
-                    "arbiter ended the stream of %s (%s): %s", self.app, bye.why, bye.reason)
+            # said by AgentStopped when it is for good (removed, revoked, replaced), else by the
+            # warning that the stream was lost: a warning here said it twice
+            log.info("arbiter ended the stream of %s (%s): %s", self.app, bye.why, bye.reason)
             if not bye.reconnect and bye.why != "finished":
                 lost = sorted(self.held)  # the app is gone from the arbiter: nothing is held any more
                 self.held = {}

@@ -3,18 +3,25 @@
 Two lines in a training loop::
 
     job = Job.from_env()                      # reads what the launcher put in the environment
-    for iteration in range(start + 1, n + 1):
+    state = job.resume() or {"iteration": 0}  # the checkpoint, if any
+    iteration = state["iteration"]
+    while not job.should_stop(iteration):     # the target reached, or the launcher asked the job to stop
         loss = train_one_iteration()
-        if job.step(iteration, loss):         # reports (iteration, loss, measured time per iteration)
-            break                             # the launcher asked the job to stop, or the target is reached
-    job.save(state)                           # checkpoint (atomic); exit 0
+        iteration += 1
+        job.step(iteration, loss)             # reports (iteration, loss, measured time per iteration)
+    job.save({"iteration": iteration, ...})   # checkpoint (atomic); exit 0
 
 ``job.resume()`` returns what the last ``job.save`` stored (None on a first start), so a job that lost
-its GPUs goes on from its checkpoint on the next grant. A checkpoint records who wrote it (the run of
-the search, ``THEMIS_RUN``, the job and its hyperparameters), and a job the launcher started refuses
-one another trial wrote (:class:`CheckpointMismatch`, issue 11): it never trains on from someone
-else's model. ``job.params`` are the trial's
-hyperparameters (``THEMIS_PARAMS``).
+its GPUs goes on from its checkpoint on the next grant. The loop asks :meth:`Job.should_stop` *before*
+training: a job resumed from a checkpoint already at its target trains nothing (issue 36, item 3: a
+resumed trial trained iteration 28 of a 27-iteration rung). Such a job has nothing to do, and
+``resume()`` reports the checkpoint's last result again (the checkpoint keeps it), so the tuner hears
+that the trial reached its target even when the report got lost as the run ended.
+
+A checkpoint records who wrote it (the run of the search, ``THEMIS_RUN``, the job and its
+hyperparameters), and a job the launcher started refuses one another trial wrote
+(:class:`CheckpointMismatch`, issue 11): it never trains on from someone else's model.
+``job.params`` are the trial's hyperparameters (``THEMIS_PARAMS``).
 
 What :meth:`Job.step` answers. True when the job should checkpoint and exit: the launcher sent SIGTERM
 (a lease was lost, the tuner stopped or paused the trial, the agent is shutting down), or
@@ -96,6 +103,7 @@ def _plain(value: Any) -> Any:
 
 _OWNER = "themis_checkpoint_owner"
 _ITERATION = "themis_checkpoint_iteration"
+_REPORT = "themis_checkpoint_report"  # the last report (iteration, loss, iter_time_s, extra): said again at the target
 
 
 def temporary_checkpoint(checkpoint: Path, pid: int) -> Path:
@@ -215,6 +223,8 @@ class Job:
         self._stop = threading.Event()
         self._last: tuple[float, float] | None = None  # (iteration, monotonic time) of the last step
         self._resumed_at: float | None = None  # the iteration of the last step before the checkpoint
+        self._report: dict[str, Any] | None = None  # the last report, kept in the checkpoint
+        self._warned_past_target = False
         self._started = time.monotonic()
         self._heartbeat = Path(heartbeat) if heartbeat else None
         self._heartbeat_timeout = heartbeat_timeout_s
@@ -333,8 +343,17 @@ class Job:
         else:
             done, elapsed = iteration - self._last[0], now - self._last[1]
         self._last = (float(iteration), now)
+        if (self.target_iteration is not None and iteration > self.target_iteration and not self._warned_past_target
+                and self._resumed_at is not None and self._resumed_at >= self.target_iteration):
+            self._warned_past_target = True
+            log.warning("job %s trained iteration %g, past its target %d: its checkpoint was at the target "
+                        "already. Ask job.should_stop(iteration) before training an iteration, not only after "
+                        "(docs/agents.md, 'A complete example')", self.job_id, iteration, self.target_iteration)
         if done > 0:
-            self.report(iteration, loss, max(elapsed / done, 1e-9), **extra)
+            iter_time = max(elapsed / done, 1e-9)
+            self.report(iteration, loss, iter_time, **extra)
+            self._report = {"iteration": float(iteration), "loss": _plain(loss), "iter_time_s": iter_time,
+                            "extra": {k: _plain(v) for k, v in extra.items()}}
         return self.should_stop(iteration)
 
     def report(self, iteration: float, loss: float | None, iter_time_s: float, **extra: Any) -> None:
@@ -378,7 +397,7 @@ class Job:
             return
         # the iteration the state is at: the last step, else (no step in this run) the checkpoint's
         at = self._last[0] if self._last else self._resumed_at
-        state = {_OWNER: self.owner, "state": state, _ITERATION: at}
+        state = {_OWNER: self.owner, "state": state, _ITERATION: at, _REPORT: self._report}
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_checkpoint(self.checkpoint, os.getpid())
         try:
@@ -393,7 +412,12 @@ class Job:
 
     def resume(self) -> Any | None:
         """What the last :meth:`save` stored, or None (first start, or no checkpoint path). The
-        first iteration's time is counted from here: set-up before it is not training."""
+        first iteration's time is counted from here: set-up before it is not training.
+
+        A checkpoint at (or past) the target iteration means this run has nothing to train: its last
+        report is sent again (the tuner may not have heard it: the run ended as it was made), and
+        :meth:`should_stop` answers True for the checkpoint's iteration, so a loop that asks it before
+        training leaves at once."""
         self._started = time.monotonic()
         if self.checkpoint is None or not self.checkpoint.exists():
             return None
@@ -413,6 +437,17 @@ class Job:
         at = data.get(_ITERATION)
         if isinstance(at, (int, float)) and math.isfinite(at):
             self._resumed_at = float(at)
+        report = data.get(_REPORT)
+        self._report = report if isinstance(report, dict) else None
+        if (self._report is not None and self._resumed_at is not None and self.target_iteration is not None
+                and self._resumed_at >= self.target_iteration and self._report.get("iteration") == self._resumed_at):
+            log.info("job %s: its checkpoint is at iteration %g, its target is %d: nothing to train",
+                     self.job_id, self._resumed_at, self.target_iteration)
+            try:
+                self.report(self._resumed_at, self._report.get("loss"), float(self._report["iter_time_s"]),
+                            **(self._report.get("extra") or {}))
+            except (KeyError, TypeError, ValueError) as exc:  # an odd checkpoint: the tuner asks again later
+                log.warning("job %s: could not report its checkpoint's result again: %s", self.job_id, exc)
         return data["state"]
 
     def close(self) -> None:

@@ -53,8 +53,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
+
 from agent.agent import Agent
-from agent.client import AgentClient, HeldGpu, issue_token, register
+from agent.client import AgentClient, HeldGpu, NoCredential, issue_token, register_or_stop
 from agent.console import SearchProgress, show_progress_lines
 from agent.credential import keep_credential, read_credential
 from agent.executors import LaunchError
@@ -62,7 +64,7 @@ from agent.fairness import finish_time_fairness
 from agent.launcher import JobExit, Launcher, training_command
 from agent.placement import Position, slowdown_of
 from agent.profiler import Profiler, parse_metrics
-from agent.run_record import PLOT, RunRecord, plot
+from agent.run_record import PLOT, RunRecord, history, plot
 from agent.search_run import SearchRun
 
 if TYPE_CHECKING:
@@ -96,11 +98,14 @@ class SearchFailed(RuntimeError):
     search "finished" with no result). Carries the first failure of the streak: its job, why, and
     the tail of its log, which is usually the traceback the user needs."""
 
-    def __init__(self, app: str, runs: int, job: str, why: str, log_path: Path, log_tail: str) -> None:
+    def __init__(self, app: str, runs: int, job: str, why: str, log_path: Path, log_tail: str,
+                 limit: int | None = None) -> None:
         self.app, self.runs, self.job, self.why, self.log_path, self.log_tail = app, runs, job, why, log_path, log_tail
         tail = "\n".join("    " + line for line in log_tail.splitlines()) or "    (empty)"
-        super().__init__(f"{app}: stopping the search: its last {runs} runs failed with no job reporting in between; "
-                         f"the first: job {job} ({why}); the end of {log_path}:\n{tail}")
+        # several runs can fail in one tick, so the streak may pass the limit by the time it is judged
+        bound = f" (the limit, max_failed_runs, is {limit})" if limit is not None and limit != runs else ""
+        super().__init__(f"{app}: stopping the search: its last {runs} runs failed{bound} with no job reporting in "
+                         f"between; the first: job {job} ({why}); the end of {log_path}:\n{tail}")
 
 
 def _log_tail(path: Path, lines: int = 20, limit: int = 8192) -> str:
@@ -155,7 +160,7 @@ class AppRunner:
         self._record: RunRecord | None = None
         self._bar: SearchProgress | None = None
         self._params: dict[str, dict[str, Any]] = {}  # job -> its hyperparameters, from its last start
-        self._result_said: set[str] = set()  # jobs whose current run had its result said
+        self._result_said: dict[str, str | None] = {}  # jobs whose current run had its result said: its outcome
         self._results: dict[str, tuple[float, float]] = {}  # job -> (iteration, loss) of its latest result
         self.lease_s: float | None = None  # the longest lease seen in a grant (what start-up is compared with)
         self.start_ups: list[tuple[str, float]] = []  # (job, launch to first report in s)
@@ -187,7 +192,7 @@ class AppRunner:
         self._progress: dict[str, float] = {}  # job -> highest iteration reported
         self._hold: dict[str, float] = {}  # job -> monotonic time before which it is not restarted
         self._stopped_for: dict[str, str] = {}  # job -> why its last run was stopped
-        self._resuming: dict[str, str | None] = {}  # job -> why it was stopped, until its resumed run reports
+        self._resuming: dict[str, tuple[str | None, float]] = {}  # job -> (why it was stopped, start iteration), till it reports
         self._heard: Counter[str] = Counter()  # job -> usable reports the runner took in (any channel)
         self._heard_at_start: dict[str, int] = {}  # job -> _heard when its current run started
         self._verdicts: dict[str, tuple[float, JobExit]] = {}  # clean exits waiting for late MQTT reports
@@ -263,23 +268,24 @@ class AppRunner:
         jobs' folders under ``<workdir>/<run id>``), so no job finds a checkpoint of an earlier run.
         ``resume=True`` goes on with the run recorded in ``workdir`` instead (its jobs resume from
         their checkpoints), and an adapter with a ``resume()`` method is asked to take up the trials
-        that run left (Optuna: the study's RUNNING trials; give the study its storage).
+        that run left (its journal replayed; Optuna: the study's RUNNING trials; give the study its
+        storage); ``agent.search_run.RunFinished`` when that run finished.
         ``take_over=True`` replaces an agent of the same app that is connected now (else the arbiter
         refuses this one with ALREADY_EXISTS and the runner stops)."""
         if not callable(argv):
             training_command(argv)  # a bad command is refused before a run begins
-        search = SearchRun.begin(workdir, resume=resume)
-        if hasattr(adapter, "run_id"):
-            adapter.run_id = search.run_id  # type: ignore[attr-defined]  (its trials carry it: resume)
-        if resume and hasattr(adapter, "resume"):
-            adapter.resume()  # type: ignore[attr-defined]
+        search = SearchRun.begin(workdir, resume=resume)  # RunFinished: that run is over, nothing to resume
+        search.attach(adapter)  # its run id and journal; on resume, the tuner takes up where the run stopped
         path = Path(credential_file) if credential_file is not None else None
         if credential is None and path is not None:
             credential = read_credential(path)
         if credential is None:
             if token is None:
-                raise ValueError("need a credential, or a registration token to get one")
-            credential = await register(arbiter, app, token, tls_ca=tls_ca)
+                kept = f" (none kept in {path})" if path is not None else ""
+                raise NoCredential("no_credential", f"{app!r} has no credential{kept} and no registration token "
+                                                    "was given", f"ask an admin for a registration token "
+                                                    f"(themis-arbiter issue-token {app}) and pass it as token=")
+            credential = await register_or_stop(arbiter, app, token, tls_ca=tls_ca)  # AgentStopped: one line
             if path is not None:
                 keep_credential(path, credential)
         bus = None
@@ -290,7 +296,7 @@ class AppRunner:
             await bus.start()
         try:
             client = AgentClient(Agent(adapter, name=app), app, arbiter, credential, tls_ca=tls_ca,
-                                 take_over=take_over)
+                                 take_over=take_over, credential_file=path)
             launcher = Launcher(app, argv, workdir, cluster=cluster, mqtt=mqtt, report=report, bus=bus,
                                 grace_s=grace_s, env=env, executor=executor, run_id=search.run_id)
             runner = cls(adapter, client, launcher, profiler=profiler, bus=bus, **kwargs)
@@ -304,8 +310,16 @@ class AppRunner:
 
     @staticmethod
     async def token(arbiter: str, app: str, admin_token: str, *, tls_ca: bytes | None = None) -> str:
-        """An admin's registration token for ``app`` (what ``themis-arbiter issue-token`` prints)."""
-        return await issue_token(arbiter, app, admin_token, tls_ca=tls_ca)
+        """An admin's registration token for ``app`` (what ``themis-arbiter issue-token`` prints).
+        Raises :class:`protos.exits.Stopped` (one line: unreachable, the admin token refused, ...)."""
+        from protos.exits import rpc_stopped
+
+        try:
+            return await issue_token(arbiter, app, admin_token, tls_ca=tls_ca)
+        except grpc.aio.AioRpcError as exc:
+            raise rpc_stopped(exc, arbiter, what="admin token (IssueToken)", tls=tls_ca is not None,
+                              refused_fix="give the arbiter's admin token (serve --admin-token, THEMIS_ADMIN_TOKEN, "
+                                          "or the file <db>.admin-token next to its journal)") from None
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -323,8 +337,9 @@ class AppRunner:
             self._record = RunRecord(self.launcher.run_dir)
         if not self.quiet:
             show_progress_lines()
-            total = getattr(self.adapter, "n_trials", None)
+            total = self.adapter.trials_planned() if hasattr(self.adapter, "trials_planned") else None
             self._bar = SearchProgress(self.app, total if isinstance(total, int) else None)
+            self._update_bar()
         log.info("%s: run %s in %s", self.app, self.launcher.run_id or "-", self.launcher.run_dir)
         # an earlier agent's jobs would hold GPUs the arbiter re-leases (waits for them to checkpoint)
         await asyncio.to_thread(self.launcher.cancel_leftovers)
@@ -383,8 +398,10 @@ class AppRunner:
             return
         self._record.write(self.clock(), "done" if self._done else "stopped", best=self._best_text())
         try:
-            out = plot(self._record.folder / PLOT, self.app, self.rho_now, self.held_history,
-                       self.started_at or self.clock(), self.clock())
+            kept = history(self._record.folder)  # every session of the run: a resumed one's too
+            rho, held, start = kept if kept is not None else (self.rho_now, self.held_history,
+                                                                self.started_at or self.clock())
+            out = plot(self._record.folder / PLOT, self.app, rho, held, start, self.clock())
             log.info("%s: rho and GPUs over time in %s", self.app, out)
         except Exception as exc:  # a record must never fail the search
             log.warning("%s: could not draw %s: %s", self.app, PLOT, exc)
@@ -397,6 +414,7 @@ class AppRunner:
             await asyncio.wait_for(client_task, 5.0)
         if not client_task.done():
             client_task.cancel()
+        await asyncio.wait([client_task])  # its stream and channel closed before the run returns
         if follow is not None:
             follow.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -499,11 +517,11 @@ class AppRunner:
             self._launch_errors.pop(job, None)
             self._heard_at_start[job] = self._heard[job]
             self._params[job] = dict(spec.params)
-            self._result_said.discard(job)
+            self._result_said.pop(job, None)
             busy |= set(gpus)
             after = self._stopped_for.pop(job, None)
             if run.resumed:
-                self._resuming[job] = after
+                self._resuming[job] = (after, spec.start_iteration)
             self._note("start", job=job, gpus=list(gpus), resumed=run.resumed, start_iteration=spec.start_iteration,
                        target_iteration=spec.target_iteration, after=after)
         self._check_failing()
@@ -571,7 +589,10 @@ class AppRunner:
         self._progress[job] = max(self._progress.get(job, -1.0), m.iteration)
         self._failed_streak.clear()
         if job in self._resuming:  # the first report of a resumed run: it went on from its checkpoint
-            self.resumes.append({"job": job, "from_iteration": m.iteration - 1, "after": self._resuming.pop(job)})
+            after, start = self._resuming.pop(job)
+            # a run whose checkpoint was at its target says that report again and trains nothing
+            went_on_from = m.iteration if m.iteration <= start else m.iteration - 1
+            self.resumes.append({"job": job, "from_iteration": went_on_from, "after": after})
         if self.profiler is not None:
             self.profiler.observe(job, m.iter_time_s, m.gpus, m.demand)
             if self._profile_ok:
@@ -636,7 +657,8 @@ class AppRunner:
         if self.max_failed_runs is None or len(self._failed_streak) < self.max_failed_runs:
             return
         job, why, tail = self._failed_streak[0]
-        raise SearchFailed(self.app, len(self._failed_streak), job, why, self.launcher.log_path(job), tail)
+        raise SearchFailed(self.app, len(self._failed_streak), job, why, self.launcher.log_path(job), tail,
+                           limit=self.max_failed_runs)
 
     def _fail(self, job: str, why: str) -> None:
         self.failures[job] += 1
@@ -733,22 +755,30 @@ class AppRunner:
     def _trial_result(self, job: str, report: tuple[float, float, Mapping[str, Any]] | None) -> None:
         """The tuner stopped ``job`` (pruned, rung reached, done) on ``report`` (else on its last one):
         one line, one record, once per run of the job (reports already in the pipe when the
-        stop was decided come after it and are not results)."""
-        if job in self._result_said:
+        stop was decided come after it and are not results); recorded again when its outcome changes
+        (a Hyperband trial paused at its rung, then pruned or completed when the rung ends)."""
+        outcome = self.adapter.outcome(job) if hasattr(self.adapter, "outcome") else None
+        first = job not in self._result_said
+        if not first and self._result_said[job] == outcome:
             return
         if report is None:
             last = next((r for r in reversed(self.reports) if r.job_id == job), None)
-            if last is None:
-                return
-            report = (last.iteration, last.loss if last.loss is not None else math.inf, last.extra)
-        self._result_said.add(job)
+            if last is not None:
+                report = (last.iteration, last.loss if last.loss is not None else math.inf, last.extra)
+            else:  # its reports came before a resume: the tuner still has the last one
+                known = self.adapter.last_result(job) if hasattr(self.adapter, "last_result") else None
+                if known is None:
+                    return
+                report = (known[0], known[1], {})
+        self._result_said[job] = outcome
         iteration, loss, extra = report
         self._results[job] = (iteration, loss)
-        log.info("%s: %s result: loss %.4g at iteration %g; best so far %s", self.app, job, loss, iteration,
-                 self._best_text())
+        if first:
+            log.info("%s: %s result: loss %.4g at iteration %g; best so far %s", self.app, job, loss, iteration,
+                     self._best_text())
         if self._record is not None:
             self._record.write(self.clock(), "trial", job=job, iteration=iteration, loss=loss,
-                               params=self._params.get(job), extra=dict(extra) or None)
+                               params=self._params.get(job), extra=dict(extra) or None, outcome=outcome)
         self._update_bar()
 
     def _best_text(self) -> str:
@@ -757,7 +787,8 @@ class AppRunner:
 
     def _update_bar(self) -> None:
         if self._bar is not None:
-            self._bar.update(len(self._results), f"best {self._best_text()}")
+            decided = self.adapter.trials_decided() if hasattr(self.adapter, "trials_decided") else None
+            self._bar.update(len(self._results) if decided is None else decided, f"best {self._best_text()}")
 
     def _count_start_ups(self, seconds: list[float]) -> None:
         """D30: the app's rho counts the start-up its jobs pay (the median so far): in T_id once

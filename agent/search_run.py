@@ -10,21 +10,41 @@ into every checkpoint and refuses one that another trial wrote.
 
 Resuming on purpose. ``SearchRun.begin(workdir, resume=True)`` (``AppRunner.create(resume=True)``)
 takes the run id recorded in the workdir instead of a new one, so the interrupted run's jobs find
-their own checkpoints again.
+their own checkpoints again, and :meth:`SearchRun.attach` gives the tuner its journal
+(``tuner.jsonl``, ``agent.run_record.TunerJournal``) and asks it to take up where the run stopped
+(issue 36, item 3: a resume re-ran the whole Hyperband search, and re-ran a finished one without a
+word). A run that finished is not resumed: :class:`RunFinished` says so, and a new run (without
+``resume``) is the way to run the search again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RUN_FILE", "SearchRun"]
+from agent.run_record import JOURNAL, TunerJournal, finished_at
+
+__all__ = ["RUN_FILE", "RunFinished", "SearchRun"]
 
 RUN_FILE = "themis-run.json"
+
+log = logging.getLogger("themis.runner")
+
+
+class RunFinished(RuntimeError):
+    """``resume=True`` on a run that finished: there is nothing to resume, and nothing is run."""
+
+    def __init__(self, run_id: str, at: float | None, how: str = "finished") -> None:
+        self.run_id, self.at = run_id, at
+        when = "" if at is None else " at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+        super().__init__(f"run {run_id} {how}{when}; nothing to resume (to run the search again, start a new "
+                         "run: AppRunner.create without resume=True, or the example without --resume)")
 
 
 def _started_a_job(folder: Path) -> bool:
@@ -48,7 +68,8 @@ class SearchRun:
     @classmethod
     def begin(cls, workdir: str | os.PathLike[str], *, resume: bool = False) -> SearchRun:
         """A new run (a fresh id, recorded in the workdir), or with ``resume`` the run recorded there.
-        FileNotFoundError when there is nothing to resume."""
+        FileNotFoundError when there is nothing to resume; :class:`RunFinished` when that run
+        finished (its ``record.jsonl`` ends with ``done``)."""
         workdir = Path(workdir)
         record = workdir / RUN_FILE
         if resume:
@@ -67,6 +88,9 @@ class SearchRun:
                 # with is the latest one that did
                 started = sorted(p.name for p in workdir.glob("run-*") if p.is_dir() and _started_a_job(p))
                 run_id = started[-1] if started else run_id
+            done = finished_at(workdir / run_id)
+            if done is not None:
+                raise RunFinished(run_id, done)
             return cls(run_id, workdir, True)
         workdir.mkdir(parents=True, exist_ok=True)
         run_id = time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
@@ -75,3 +99,24 @@ class SearchRun:
         tmp.write_text(json.dumps({"run": run_id, "started": time.time()}) + "\n")
         os.replace(tmp, record)
         return cls(run_id, workdir, False)
+
+    def attach(self, adapter: Any) -> list[str] | None:
+        """Make ``adapter`` part of this run (``AppRunner.create`` calls it): its ``run_id`` (the Optuna
+        adapter tags its trials with it), its ``journal`` (``<run folder>/tuner.jsonl``: the Hyperband,
+        successive-halving and curve-stopping adapters journal what they are told), and on a resumed
+        run ``adapter.resume()``: the tuner takes up where the run stopped (a replay of its journal; the
+        Optuna adapter reads its study). Returns what ``resume()`` returned (the jobs that go on), None
+        on a new run or an adapter without ``resume``. :class:`RunFinished` when the resumed tuner has
+        nothing left to run (a run kept without ``record.jsonl``, or one that ended before writing it)."""
+        if hasattr(adapter, "run_id"):
+            adapter.run_id = self.run_id
+        journal = TunerJournal(self.folder / JOURNAL)
+        if hasattr(adapter, "journal"):
+            adapter.journal = journal
+        if not (self.resumed and hasattr(adapter, "resume")):
+            return None
+        going_on = adapter.resume()
+        if adapter.finished():
+            raise RunFinished(self.run_id, journal.modified(), "has nothing left to run: its tuner finished")
+        log.info("resuming run %s in %s", self.run_id, self.folder)
+        return going_on

@@ -11,9 +11,14 @@
     themis-arbiter slurm-sync [--arbiter HOST:PORT] [--admin-token T] [--from FILE]
 
 ``serve`` keeps its journal in ``--db`` (default ``themis-arbiter.db`` here) and, without an admin
-token given (``--admin-token`` or THEMIS_ADMIN_TOKEN), writes one to ``<db>.admin-token``. Logs are
-one JSON object per line on stderr. ``demo`` starts an arbiter and two agents in one process on
-loopback (short leases, emulated jobs) and prints rounds, grants and expiries as they happen.
+token given (``--admin-token`` or THEMIS_ADMIN_TOKEN), writes one to ``<db>.admin-token``. Logs go
+to stderr: one JSON object per line (``--log-format json``; the default when stderr is not a
+terminal: a service's log) or a line for a person (``human``; the default on a terminal). On
+SIGTERM or SIGINT it stops and says so in a last line (apps, leases, the journal), then exits 0
+(SIGTERM) or 130 (SIGINT). Every command that cannot go on says one line with the cause and the fix
+and exits with the code of ``protos.exits`` (docs/agents.md); ``--debug`` adds the traceback.
+``demo`` starts an arbiter and two agents in one process on loopback (short leases, emulated jobs)
+and prints rounds, grants and expiries as they happen.
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ import math
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from arbiter.rank import RANKS
+from protos import exits
+from protos.exits import Stopped
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -45,9 +53,42 @@ class JsonLogs(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def _logging(level: str = "INFO") -> None:
+class HumanLogs(logging.Formatter):
+    """A line for a person (issue 36, item 5): local time, level, message, then the fields as
+    ``key=value`` (numbers to 3 decimals, lists and maps compact)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime
+
+        when = datetime.datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
+        fields = " ".join(f"{k}={_human(v)}" for k, v in getattr(record, "fields", {}).items())
+        line = f"{when} {record.levelname:<7} {record.getMessage()}" + (f"  {fields}" if fields else "")
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _human(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if math.isfinite(value) else str(value)
+    if isinstance(value, (list, tuple, set)):
+        return "[" + ",".join(_human(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_human(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    return json.dumps(text) if (not text or any(c.isspace() for c in text)) else text
+
+
+LOG_FORMATS = ("auto", "human", "json")
+
+
+def _logging(level: str = "INFO", fmt: str = "json") -> None:
+    """Logs on stderr: ``json`` (one object per line, for a service's log), ``human``, or ``auto``:
+    human on a terminal, else JSON."""
+    if fmt == "auto":
+        fmt = "human" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogs())
+    handler.setFormatter(HumanLogs() if fmt == "human" else JsonLogs())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -61,7 +102,8 @@ def _tls_ca(args: argparse.Namespace) -> bytes | None:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise SystemExit(f"themis-arbiter: --tls-ca {path}: {exc.strerror or exc}") from None
+        raise Stopped("usage", f"--tls-ca {path}: {exc.strerror or exc}", "give the CA certificate (PEM) of the "
+                      "arbiter's TLS certificate", exits.USAGE) from None
 
 
 def _admin_token(args: argparse.Namespace) -> str:
@@ -69,7 +111,9 @@ def _admin_token(args: argparse.Namespace) -> str:
     if not token and Path(f"{args.db}.admin-token").exists():
         token = Path(f"{args.db}.admin-token").read_text().strip()
     if not token:
-        raise SystemExit("themis-arbiter: give --admin-token (or THEMIS_ADMIN_TOKEN, or --db of the arbiter)")
+        raise Stopped("no_admin_token", f"no admin token given, and none kept in {args.db}.admin-token",
+                      "give --admin-token (or THEMIS_ADMIN_TOKEN), or --db of the arbiter's journal (serve writes "
+                      "its admin token next to it)", exits.REFUSED)
     return token
 
 
@@ -105,7 +149,7 @@ def _limits(pairs: list[tuple[str, float]]):
     try:
         limits.check()
     except ValueError as exc:
-        raise SystemExit(f"themis-arbiter: {exc}") from None
+        raise Stopped("usage", str(exc), "see --limit in themis-arbiter serve --help", exits.USAGE) from None
     return limits
 
 
@@ -114,7 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from arbiter.server import ArbiterServer, ServerConfig
     from arbiter.store import StoreError
 
-    _logging(args.log_level)
+    _logging(args.log_level, args.log_format)
     config = ServerConfig(
         cluster=args.cluster, host=args.host, port=args.port, db=Path(args.db), mqtt=args.mqtt,
         admin_token=args.admin_token, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -125,7 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limits=_limits(args.limit),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
-        raise SystemExit("themis-arbiter: --tls-cert and --tls-key go together")
+        raise Stopped("usage", "--tls-cert and --tls-key go together", "give both, or neither", exits.USAGE)
 
     async def serve() -> int:
         server = ArbiterServer(config)
@@ -134,13 +178,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except (ClusterFileError, StoreError, ValueError, OSError) as exc:
             print(f"themis-arbiter: {exc}", file=sys.stderr)
             return 2
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        got: asyncio.Future = loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await server.stop()
-        return 0
+            loop.add_signal_handler(sig, lambda s=sig: got.done() or got.set_result(s))
+        sig = signal.Signals(await got)
+        await server.stop(why=sig.name)  # its last log line: "arbiter stopped (SIGTERM): ..."
+        return exits.INTERRUPTED if sig == signal.SIGINT else exits.OK
 
     return asyncio.run(serve())
 
@@ -219,6 +263,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                       "rho": a.last_rho if math.isfinite(a.last_rho) else None,
                       "gpus": len(a.leases), "held": sorted(x.gpu for x in a.leases)} for a in apps.apps],
             "rounds": [MessageToDict(r) for r in rounds.rounds],
+            # the latest apps that left, newest first (issue 36: status forgot them)
+            "departed": [{"app": d.app, "why": d.why, "arrived": d.arrived, "left": d.left,
+                          "rho": d.last_rho if math.isfinite(d.last_rho) else None,
+                          "gpu_hours": d.gpu_seconds / 3600} for d in apps.departed],
         }
 
     state = asyncio.run(status())
@@ -227,6 +275,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(state)
     return 0
+
+
+def _clock(t: float) -> str:
+    """A time as the status tables show it: local time of day (and the date if not today)."""
+    import datetime
+
+    when = datetime.datetime.fromtimestamp(t)
+    return when.strftime("%H:%M:%S" if when.date() == datetime.date.today() else "%Y-%m-%d %H:%M")
 
 
 def _print_status(state: dict) -> None:
@@ -251,6 +307,16 @@ def _print_status(state: dict) -> None:
         rho = "-" if a["rho"] is None else f"{a['rho']:.2f}"
         apps.add_row(a["app"], agent, str(a["demand"]), str(a["gpus"]), rho, a["model"] or "")
     console.print(apps if state["apps"] else "no apps")
+    if state.get("departed"):
+        gone = Table(title="apps that left (latest first)", title_justify="left")
+        for col in ("app", "why", "arrived", "left", "took", "GPU-h", "last rho"):
+            gone.add_column(col, justify="left" if col in ("app", "why") else "right")
+        for d in state["departed"]:
+            took = d["left"] - d["arrived"]
+            gone.add_row(d["app"], d["why"], _clock(d["arrived"]), _clock(d["left"]),
+                         f"{took / 60:.1f} min" if took < 3600 else f"{took / 3600:.1f} h", f"{d['gpu_hours']:.2f}",
+                         "-" if d["rho"] is None else f"{d['rho']:.2f}")
+        console.print(gone)
     rounds = Table(title="recent rounds", title_justify="left")
     for col in ("round", "time", "offered", "bidders", "granted", "idle", "s"):
         rounds.add_column(col, justify="right")
@@ -378,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                                       "and admin calls) and the metrics (HTTPS)")
     s.add_argument("--tls-key", help="PEM private key")
     s.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    s.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
+                   help="json: one object per line (a service's log); human: a line for a person; auto (default): "
+                        "human on a terminal, else json")
     s.set_defaults(func=cmd_serve)
     t = sub.add_parser("issue-token", help="issue a registration token for an app (admin)")
     t.add_argument("app")
@@ -415,14 +484,26 @@ def main(argv: list[str] | None = None) -> int:
     cs.add_argument("--gres-type", default="g{index}", help="GRES type naming per GPU index (default g{index})")
     cs.add_argument("--from", dest="from_file", help="read saved `scontrol --oneliner show nodes` output instead")
     cs.set_defaults(func=cmd_cluster_from_slurm)
+    for each in sub.choices.values():
+        each.add_argument("--debug", action="store_true", help="show the traceback of an error, not only its line")
     args = parser.parse_args(argv)
     import grpc
 
     try:
         return args.func(args)
-    except grpc.aio.AioRpcError as exc:
-        print(f"themis-arbiter: {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+    except grpc.aio.AioRpcError as exc:  # an admin call: unreachable (3), token refused (4), else the answer (1)
+        stopped = exits.rpc_stopped(
+            exc, getattr(args, "arbiter", DEFAULT_TARGET), what=f"{args.command} call",
+            tls=bool(getattr(args, "tls_ca", None) or os.environ.get("THEMIS_TLS_CA")),
+            refused_fix="give its admin token: --admin-token (or THEMIS_ADMIN_TOKEN), or --db of its journal "
+                        "(the token is kept next to it)")
+        if stopped.why == "failed":  # the arbiter's own answer (NOT_FOUND, INVALID_ARGUMENT, ...): said as it is
+            stopped = Stopped(args.command, exits.rpc_cause(exc), None, exits.FAILED)
+        if args.debug:
+            traceback.print_exception(exc)
+        return exits.say("themis-arbiter", stopped)
+    except (Exception, KeyboardInterrupt) as exc:  # one line with the cause and the fix
+        return exits.say("themis-arbiter", exc, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -218,7 +218,11 @@ class ArbiterServer:
                 metrics.serving.set(1 if ok else 0)
                 log.warning("health", extra={"fields": {"serving": ok, "problems": dict(service.problems)}})
 
-    async def stop(self, grace: float = 1.0) -> None:
+    async def stop(self, grace: float = 1.0, why: str | None = None) -> None:
+        """Stop serving: every stream gets its Goodbye (``shutting_down``), the journal is closed.
+        With ``why`` (the signal, for ``serve``), its last log line says what the journal keeps:
+        "arbiter stopped (SIGTERM): N apps, M leases journaled" (issue 36, item 5)."""
+        said = self._stopping_line(why) if why is not None and self.port is not None else None
         if self.service is not None:
             self.service.stop()
         for task in self._tasks:
@@ -234,6 +238,24 @@ class ArbiterServer:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+        if said is not None:
+            log.log(said[0], said[1], extra={"fields": said[2]})
+
+    def _stopping_line(self, why: str) -> tuple[int, str, dict]:
+        """What the stop line says, read before the engine is let go: apps and leases (all journaled at
+        every change, so a restart on the same --db restores them), or that the journal is failing."""
+        service = self.service
+        if service is None:
+            return logging.INFO, f"arbiter stopped ({why})", {"signal": why}
+        apps, leases = len(service.engine.apps), len(service.engine.leases)
+        fields = {"signal": why, "apps": apps, "leases": leases, "round_id": service.engine.round_id,
+                  "db": str(self.config.db)}
+        failing = service.problems.get("journal")
+        if failing:
+            return (logging.ERROR, f"arbiter stopped ({why}): {apps} apps, {leases} leases; NOT all journaled "
+                                   f"({failing}): a restart loses the changes since the last write", fields)
+        return (logging.INFO, f"arbiter stopped ({why}): {apps} app{'' if apps == 1 else 's'}, {leases} "
+                              f"lease{'' if leases == 1 else 's'} journaled in {self.config.db}", fields)
 
     async def wait(self) -> None:
         if self._server is not None:

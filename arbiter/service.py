@@ -81,6 +81,8 @@ MAX_OPEN_TOKENS = 16  # unused registration tokens per app
 RECLAIMED = "reclaimed: beyond the app's fair share while an app that holds nothing waits (D27)"
 MAX_HISTORY = 10_000  # RoundHistory limit (the journal keeps that many rounds)
 LEASE_RANGE_S = (1.0, 30 * 86400.0)
+DEPARTED_PENDING = 1000  # apps that left kept in memory while the journal cannot write them
+DEPARTED_SHOWN = 20  # apps that left, newest first, in ListApps (the journal keeps more)
 GOODBYE_WAIT_S = 1.0  # a write that takes longer means flow control holds it: the agent is not reading
 NAME_MAX = 128  # machine names in DrainMachine; app names are checked by APP_NAME
 REASON_NAMES = 5  # names of an agent's message quoted back in a rejection, each cut to ...
@@ -315,6 +317,8 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         self._round: OpenRound | None = None
         self._stopping = asyncio.Event()
         self._deferred: list[tuple[str, StreamEnd | None]] = []  # apps to remove once the open round closes
+        self._leaving: dict[str, str] = {}  # app -> why it leaves ("finished", "removed"), until it has left
+        self._departed: list[dict[str, Any]] = []  # apps that left, for the next journal write (status)
         self._between_rounds = asyncio.Event()  # set when no round is open and deferred removals are done
         self._between_rounds.set()
         self._allocating = False  # the round's allocation runs in a worker thread (issue 12, item 5)
@@ -354,7 +358,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         rho = dict(self.last_rho) if result is not None else None
         started = time.perf_counter()
         try:
-            self.store.save(self.engine.state(), settings=asdict(self.settings), rho=rho, round_summary=summary)
+            self.store.save(self.engine.state(), settings=asdict(self.settings), rho=rho, round_summary=summary,
+                            departed=self._departed)
+            self._departed = []
             self.store.flush()  # revocations an earlier failure kept in memory only
         except Exception as exc:
             self.problems["journal"] = f"journal write failed: {exc}"
@@ -1067,10 +1073,18 @@ class ArbiterService(pb_grpc.ArbiterServicer):
         with ``end``."""
         if end is not None and app in self.conns and end.why != "finished":
             self.conns[app].end(replace(end, gpus=tuple(x.gpu for x in self._leases_of(app))))
+        if end is not None:
+            self._leaving.setdefault(app, end.why)
         if self._round is not None or self._allocating:
             self._deferred.append((app, None))
             return
-        freed = self.engine.remove_app(app, self.clock())
+        now = self.clock()
+        record = self.engine.apps[app]
+        self._departed.append({"app": app, "arrived": record.arrived, "left": now,
+                               "why": self._leaving.pop(app, "removed"), "last_rho": self.last_rho.get(app, math.inf),
+                               "gpu_seconds": self.engine.attained(app, now)})
+        del self._departed[:-DEPARTED_PENDING]  # a journal failing for long keeps only the latest
+        freed = self.engine.remove_app(app, now)
         with contextlib.suppress(Exception):
             self.journal()
         for gpu in sorted(freed):
@@ -1233,7 +1247,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
 
     async def ListApps(self, request, context) -> pb.AppList:
         await self._need_admin(context)
-        return pb.AppList(apps=[self._app_state(a) for a in sorted(set(self.engine.apps) | set(self.conns))])
+        departed = [pb.DepartedApp(**d) for d in self.store.departed(DEPARTED_SHOWN)]
+        return pb.AppList(apps=[self._app_state(a) for a in sorted(set(self.engine.apps) | set(self.conns))],
+                          departed=departed)
 
     async def ListLeases(self, request, context) -> pb.LeaseList:
         await self._need_admin(context)

@@ -25,7 +25,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,14 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 CREATE TABLE IF NOT EXISTS rounds (round_id INTEGER PRIMARY KEY, now REAL NOT NULL, summary TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS models (app TEXT PRIMARY KEY, model TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS departed (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, app TEXT NOT NULL, arrived REAL NOT NULL, left REAL NOT NULL,
+    why TEXT NOT NULL, last_rho REAL, gpu_seconds REAL NOT NULL
+);
 """
 SCHEMA_VERSION = "1"
 ROUNDS_KEPT = 10_000
+DEPARTED_KEPT = 1_000  # the latest apps that left, for ``status`` (issue 36)
 
 
 class StoreError(RuntimeError):
@@ -202,8 +207,10 @@ class Store:
         settings: Mapping[str, Any],
         rho: Mapping[str, float] | None = None,
         round_summary: Mapping[str, Any] | None = None,
+        departed: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """Journal the engine's whole state (and a finished round) in one transaction."""
+        """Journal the engine's whole state (and a finished round, and the apps that left since the
+        last write: ``app, arrived, left, why, last_rho, gpu_seconds``) in one transaction."""
         meta = {
             "clock": state.clock,
             "contention": state.contention,
@@ -238,6 +245,20 @@ class Store:
                     (round_summary["round_id"], round_summary["now"], json.dumps(round_summary)),
                 )
                 cur.execute("DELETE FROM rounds WHERE round_id <= ?", (round_summary["round_id"] - ROUNDS_KEPT,))
+            if departed:
+                cur.executemany(
+                    "INSERT INTO departed (app, arrived, left, why, last_rho, gpu_seconds) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(d["app"], d["arrived"], d["left"], d["why"], _num(d["last_rho"]), d["gpu_seconds"])
+                     for d in departed])
+                cur.execute("DELETE FROM departed WHERE seq <= (SELECT MAX(seq) FROM departed) - ?", (DEPARTED_KEPT,))
+
+    def departed(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest apps that left, newest first."""
+        rows = self.db.execute("SELECT app, arrived, left, why, last_rho, gpu_seconds FROM departed "
+                               "ORDER BY seq DESC LIMIT ?", (limit,))
+        return [{"app": a, "arrived": arrived, "left": left, "why": why,
+                 "last_rho": math.inf if rho is None else rho, "gpu_seconds": gpu_s}
+                for a, arrived, left, why, rho, gpu_s in rows]
 
     def load(self) -> tuple[EngineState, dict[str, Any]] | None:
         """The journaled state and settings, or None for a new journal."""

@@ -18,8 +18,9 @@ The study is the one you would write for ``study.optimize``: a sampler, a ``Hype
   finish-time fairness (rho).
 
 The study lives in ``<workdir>/study.db`` (SQLite): ``--resume`` goes on with the run recorded in
-the workdir, taking up its trials from their checkpoints; without it, a new run starts in the same
-workdir and new trials never touch an older run's checkpoints (issue 11).
+the workdir, taking up its trials from their checkpoints (a run that finished: one line saying so,
+and nothing is run); without it, a new run starts in the same workdir and new trials never touch an
+older run's checkpoints (issue 11).
 
 Without ``--arbiter`` the script starts an arbiter of its own on a free loopback port (a 4-"GPU"
 cluster, 30 s leases: docs/agents.md, "Choosing the lease"), so it runs anywhere. It prints a line
@@ -42,6 +43,7 @@ from pathlib import Path
 import optuna
 
 from agent.runner import AppRunner
+from agent.search_run import RunFinished
 from hyperparam_adapters.optuna_adapter import OptunaAdapter
 
 HERE = Path(__file__).resolve().parent
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default="local", help="the arbiter's cluster name (with --arbiter)")
     parser.add_argument("--token", default=None, help="registration token (themis-arbiter issue-token optuna-sgd)")
     parser.add_argument("--credential-file", default=None, help="keep the app credential here for later runs")
-    parser.add_argument("--workdir", default="optuna-runs", help="study database, checkpoints, logs, records")
+    parser.add_argument("--workdir", default="themis-runs/optuna", help="study database, checkpoints, logs, records (default: ./themis-runs/optuna, ignored by git)")
     parser.add_argument("--resume", action="store_true", help="go on with the interrupted run in --workdir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the runner's summary as JSON here")
@@ -148,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("themis.arbiter").setLevel(logging.ERROR)
-    summary = asyncio.run(main_async(args))
+    try:
+        summary = asyncio.run(main_async(args))
+    except RunFinished as exc:  # --resume of a run that finished: say so, run nothing
+        print(exc)
+        return 0
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
     return 0 if summary["finished"] else 1

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     state = job.resume() or {"iteration": 0, "model": model(params)}  # new: a lost lease costs one epoch
     clf, iteration = state["model"], state["iteration"]
     loss = accuracy = float("nan")
-    while iteration < args.iterations:
+    while iteration < args.iterations and not job.should_stop(iteration):  # a checkpoint at the target: train nothing
         for _ in range(EPOCHS):
             clf.partial_fit(x_train, y_train, classes=CLASSES)
         iteration += 1

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     clf, iteration = state["model"], state["iteration"]
     loss = accuracy = float("nan")
     print(f"{job.job_id or 'trial'}: {params} from iteration {iteration}", flush=True)
-    while iteration < args.iterations:
+    while iteration < args.iterations and not job.should_stop(iteration):  # at its target already: nothing to train
         for _ in range(epochs):
             clf.partial_fit(x_train, y_train, classes=CLASSES)  # one epoch each
         iteration += 1

@@ -17,6 +17,9 @@ subclass, as an Optuna sampler is.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +28,12 @@ from typing import Any
 from agent.appsched import AppScheduler, JobInfo, SuccessiveHalvingScheduler
 from agent.fairness import split_allocation
 from agent.placement import Position
+from agent.run_record import TunerJournal
 from agent.trial import TrialSpec  # re-exported: its home until issue 11; adapters outside this repo import it here
 
-__all__ = ["Observation", "Result", "TrialSpec", "TunerAdapter"]
+__all__ = ["JournaledTuner", "Observation", "Result", "TrialSpec", "TunerAdapter"]
+
+log = logging.getLogger("themis.tuner")
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,26 @@ class TunerAdapter(AppScheduler):
     def best(self) -> Result | None:
         """The best trial so far (lowest loss), or None before any report."""
 
+    def outcome(self, job_id: str) -> str | None:
+        """The trial's fate as the tuner sees it now, for the run's record (``record.jsonl``'s trial
+        lines): ``paused`` (at a rung whose end decides it), ``pruned``, ``completed``, ``diverged``,
+        ``failed``; None while it runs, or where the adapter does not say."""
+        return None
+
+    def trials_planned(self) -> int | None:
+        """How many trials the search will run in all (the progress bar's total); None if unknown."""
+        return None
+
+    def trials_decided(self) -> int | None:
+        """How many trials have their fate (pruned, completed, failed), before a resume too; None
+        where the adapter does not say (the runner then counts the results it saw)."""
+        return None
+
+    def last_result(self, job_id: str) -> tuple[float, float] | None:
+        """(iteration, loss) of the trial's last report, None before one or where the adapter does not
+        keep it (the runner's record uses it for a trial whose fate is decided after a resume)."""
+        return None
+
     def current_jobs(self, gpus: Sequence[Position] = ()) -> list[JobInfo]:
         """The jobs of the app as Figure 8 sees them right now (what :meth:`assign` splits)."""
         if isinstance(self, SuccessiveHalvingScheduler):
@@ -83,3 +109,88 @@ class TunerAdapter(AppScheduler):
         for job, chunk in split_allocation(wanted, positions):
             out[job.job_id] = tuple(by_position[p].pop(0) for p in chunk)
         return out
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    """Hyperparameters as ``agent.job`` writes them in a checkpoint's owner (compared on resume)."""
+    return json.dumps(dict(params), sort_keys=True, separators=(",", ":"), default=str)
+
+
+class JournaledTuner:
+    """A tuner whose state is its seed plus what it was told: it journals every report it takes and
+    every give-up (``agent.run_record.TunerJournal``, ``<run folder>/tuner.jsonl``) and, on a resumed
+    run, replays them (issue 36, item 3). Its draws are seeded and its decisions depend only on the
+    reports and their order, so the replay comes back to the same trials, the same rungs decided and
+    the same curves: trials already stopped or finished stay so, trials that reached their target are
+    not started again, and the running ones go on from their checkpoints.
+
+    A mixin for :class:`TunerAdapter` subclasses that define ``observe``, ``fail`` and
+    ``trial_params``: their ``observe`` calls :meth:`journal_report` once the report is accepted,
+    their ``fail`` :meth:`journal_fail`. ``agent.search_run.SearchRun.attach`` sets :attr:`journal`
+    and, on a resumed run, calls :meth:`resume`.
+    """
+
+    #: where to journal (SearchRun.attach sets it); None: not kept, nothing to replay
+    journal: TunerJournal | None = None
+    _replaying: bool = False
+
+    def _journal_line(self, what: str, job_id: str, **fields: Any) -> None:
+        if self.journal is None or self._replaying:
+            return
+        seen = self.__dict__.setdefault("_journaled_jobs", set())
+        if job_id not in seen:
+            fields["params"] = _params_text(self.trial_params(job_id))  # type: ignore[attr-defined]
+            seen.add(job_id)
+        self.journal.write(what, job_id, **fields)
+
+    def journal_report(self, job_id: str, iteration: float, loss: float, iter_time_s: float | None) -> None:
+        """Journal a report ``observe`` accepted (call it before acting on the report)."""
+        if self.journal is None or self._replaying:  # the common case outside a runner: the simulator's
+            return
+        self._journal_line("observe", job_id, iteration=float(iteration), loss=float(loss),
+                           iter_time_s=None if iter_time_s is None else float(iter_time_s))
+
+    def journal_fail(self, job_id: str) -> None:
+        """Journal a job the runner gave up on (``fail``)."""
+        self._journal_line("fail", job_id)
+
+    def resume(self) -> list[str]:
+        """Replay the journal of the run being resumed (what ``AppRunner.create(resume=True)`` asks):
+        every report and give-up again, in order, without journaling them twice. Returns the jobs that
+        go on (``runnable()`` now). ValueError when the journal is not this search's: a trial it names
+        does not exist here, or has other hyperparameters (another space, seed or size: build the
+        adapter as the interrupted run did)."""
+        if self.journal is None:
+            return []
+        lines = self.journal.read()
+        seen = self.__dict__.setdefault("_journaled_jobs", set())
+        self._replaying = True
+        try:
+            for n, line in enumerate(lines, 1):
+                job, what = line["job"], line.get("what")
+                try:
+                    params = _params_text(self.trial_params(job))  # type: ignore[attr-defined]
+                except KeyError:
+                    raise ValueError(f"cannot resume from {self.journal.path}: line {n} names trial {job}, which this "
+                                     "search does not have; build the adapter as the interrupted run did (the same "
+                                     "search space, seed and sizes)") from None
+                if "params" in line and line["params"] != params:
+                    raise ValueError(f"cannot resume from {self.journal.path}: trial {job} had the hyperparameters "
+                                     f"{line['params']} there and draws {params} here; build the adapter as the "
+                                     "interrupted run did (the same search space, seed and sizes)")
+                seen.add(job)
+                if what == "observe":
+                    loss = line.get("loss")
+                    self.observe(job, float(line["iteration"]),  # type: ignore[attr-defined]
+                                 math.inf if loss is None else float(loss), line.get("iter_time_s"))
+                elif what == "fail":
+                    self.fail(job)  # type: ignore[attr-defined]
+                else:
+                    raise ValueError(f"{self.journal.path}, line {n}: unknown entry {what!r}")
+        finally:
+            self._replaying = False
+        going_on = [t.job_id for t in self.runnable()]  # type: ignore[attr-defined]
+        if lines:
+            log.info("resumed from %s: %d reports and give-ups replayed; %s go on", self.journal.path, len(lines),
+                     ", ".join(going_on) or "no trial")
+        return going_on

@@ -46,7 +46,7 @@ import numpy as np
 from agent.appsched import CurveStoppingScheduler, JobInfo
 from agent.placement import NO_SLOWDOWN, Position, Slowdown
 from agent.trial import TrialSpec
-from hyperparam_adapters.base import Result, TunerAdapter
+from hyperparam_adapters.base import JournaledTuner, Result, TunerAdapter
 from hyperparam_adapters.hyperband import IterTime, Params, Sampler, declared_time, make_sampler
 
 FAMILIES = ("optimus", "power", "exponential")
@@ -289,7 +289,7 @@ class _CurveTrial:
         return statistics.median(self.times) if self.times else self.declared_s
 
 
-class CurveStoppingAdapter(TunerAdapter, CurveStoppingScheduler):
+class CurveStoppingAdapter(JournaledTuner, TunerAdapter, CurveStoppingScheduler):
     """Trials drawn from ``sample`` up to ``max_trials``, ``parallel`` at once; each runs until its
     curve flattens (predicted stop reached), it reaches ``max_iterations``, or its best plausible
     final loss is worse than ``margin`` above what another trial is sure to reach (pruned). Stopping
@@ -390,9 +390,10 @@ class CurveStoppingAdapter(TunerAdapter, CurveStoppingScheduler):
         trial = self._trials[job_id]
         if not (math.isfinite(iteration) and iteration >= 0):
             raise ValueError(f"iteration must be finite and >= 0, got {iteration!r}")
+        if iter_time_s is not None and not (iter_time_s > 0 and math.isfinite(iter_time_s)):
+            raise ValueError(f"iter_time_s must be finite and > 0, got {iter_time_s!r}")
+        self.journal_report(job_id, iteration, loss, iter_time_s)  # what a resumed run replays
         if iter_time_s is not None:
-            if not (iter_time_s > 0 and math.isfinite(iter_time_s)):
-                raise ValueError(f"iter_time_s must be finite and > 0, got {iter_time_s!r}")
             trial.times.append(float(iter_time_s))
         trial.iterations.append(float(iteration))
         trial.losses.append(float(loss))
@@ -423,6 +424,7 @@ class CurveStoppingAdapter(TunerAdapter, CurveStoppingScheduler):
         so its work in :meth:`budget` is what it did, and a new trial takes its slot. Returns the
         jobs to stop, as :meth:`observe` does (none: pruning waits for a report)."""
         trial = self._trials[job_id]
+        self.journal_fail(job_id)
         if trial.state == "running":
             self._stop(trial, "stopped", "failed", [])
             self._fill()
@@ -438,6 +440,24 @@ class CurveStoppingAdapter(TunerAdapter, CurveStoppingScheduler):
         """(state, reason): running, or stopped (pruned, diverged, failed), or finished (converged, cap)."""
         t = self._trials[job_id]
         return t.state, t.reason
+
+    def outcome(self, job_id: str) -> str | None:
+        """For the run's record: ``completed`` (converged or at the cap), ``pruned``, ``diverged``,
+        ``failed``; None while it runs."""
+        t = self._trials[job_id]
+        if t.state == "finished":
+            return "completed"
+        return t.reason if t.state == "stopped" else None
+
+    def trials_planned(self) -> int:
+        return self.max_trials
+
+    def trials_decided(self) -> int:
+        return sum(1 for t in self._trials.values() if t.state in ("stopped", "finished"))
+
+    def last_result(self, job_id: str) -> tuple[float, float] | None:
+        t = self._trials[job_id]
+        return (t.iterations[-1], t.losses[-1]) if t.iterations else None
 
     def prediction(self, job_id: str) -> CurveFit | None:
         return self._fit(self._trials[job_id])

@@ -25,6 +25,9 @@ current rung's jobs, as the paper's 4.3.3 example and ``agent.appsched.Successiv
 ``iter_time_s`` in :meth:`observe` is the job's *serial* time per iteration (one GPU, S = 1): the
 runner, which knows how many GPUs and which placement the job had, divides its measured time by
 that speed-up (the profiler of paper section 5 does this).
+
+Resuming (issue 36, item 3): the tuner journals what it is told (``base.JournaledTuner``), and a
+resumed run replays it, so decided rungs stay decided and trials at their rung are not run again.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any
 from agent.appsched import JobInfo, SuccessiveHalvingScheduler
 from agent.placement import NO_SLOWDOWN, Position, Slowdown
 from agent.trial import TrialSpec
-from hyperparam_adapters.base import Result, TunerAdapter
+from hyperparam_adapters.base import JournaledTuner, Result, TunerAdapter
 
 Params = Mapping[str, Any]
 Sampler = Callable[[random.Random], Params]
@@ -161,7 +164,7 @@ class _Trial:
         return statistics.median(self.times) if self.times else self.declared_s
 
 
-class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
+class BracketTuner(JournaledTuner, TunerAdapter, SuccessiveHalvingScheduler):
     """Successive-halving brackets run one after another, each rung one Figure 8 phase (module doc).
 
     ``plan`` lists the brackets' rungs; configurations of a bracket are drawn from ``sample`` (seeded
@@ -292,13 +295,14 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
         trial = self._trials[job_id]
         if not (math.isfinite(iteration) and iteration >= 0):
             raise ValueError(f"iteration must be finite and >= 0, got {iteration!r}")
+        if iter_time_s is not None and not (iter_time_s > 0 and math.isfinite(iter_time_s)):
+            raise ValueError(f"iter_time_s must be finite and > 0, got {iter_time_s!r}")
+        self.journal_report(job_id, iteration, loss, iter_time_s)  # what a resumed run replays
         value = float(loss) if math.isfinite(loss) else math.inf  # a diverged job ranks last
         if math.isfinite(loss) and (self._best is None or loss < self._best.loss):
             self._best = Result(job_id, trial.params, float(loss), float(iteration))
         plan = False
         if iter_time_s is not None:
-            if not (iter_time_s > 0 and math.isfinite(iter_time_s)):
-                raise ValueError(f"iter_time_s must be finite and > 0, got {iter_time_s!r}")
             before = trial.iter_time()
             trial.times.append(float(iter_time_s))
             plan = trial.iter_time() != before and job_id in self._members
@@ -323,6 +327,7 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
         never be kept for a next rung, which would wait for it forever: it leaves its rung now, ranked
         last. Returns the jobs to stop, as :meth:`observe` does."""
         trial = self._trials[job_id]
+        self.journal_fail(job_id)
         trial.failed = True
         if trial.state != "pending":
             return []
@@ -342,6 +347,25 @@ class BracketTuner(TunerAdapter, SuccessiveHalvingScheduler):
     def status(self, job_id: str) -> str:
         """pending (in its rung), paused (rung reached, waiting), stopped (lost a rung) or finished."""
         return self._trials[job_id].state
+
+    def outcome(self, job_id: str) -> str | None:
+        """For the run's record: ``paused`` (reached its rung; the rung's end decides), ``pruned`` (lost
+        a rung), ``completed`` (its bracket's last rung), ``failed`` (the runner gave up on it), None
+        while it trains."""
+        t = self._trials[job_id]
+        if t.failed:
+            return "failed"
+        return {"paused": "paused", "stopped": "pruned", "finished": "completed"}.get(t.state)
+
+    def trials_planned(self) -> int:
+        return sum(bracket[0].count for bracket in self.plan)
+
+    def trials_decided(self) -> int:
+        return sum(1 for t in self._trials.values() if t.failed or t.state in ("stopped", "finished"))
+
+    def last_result(self, job_id: str) -> tuple[float, float] | None:
+        t = self._trials[job_id]
+        return (t.done, t.last_loss) if t.done > 0 else None
 
     def rung_members(self) -> list[str]:
         """Ids of the current rung's jobs, in the order they were ranked into it."""

@@ -389,8 +389,11 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         """Go on with the search an interrupted run of this study left (issue 11; ``AppRunner.create(
         resume=True)`` calls it): its RUNNING trials are taken up again under their job ids, from the
         iteration they last reported (their jobs resume from their checkpoints), and every trial of
-        the study counts toward ``n_trials``. The study must come from its storage
-        (``optuna.load_study`` or ``create_study(..., load_if_exists=True)``). Returns the job ids taken up.
+        the study counts toward ``n_trials``. A RUNNING trial that already reported ``max_resource``
+        iterations (the run ended between its report and the tell) is told COMPLETE here with its last
+        loss, not started again: its job would train past its target. The study must come from its
+        storage (``optuna.load_study`` or ``create_study(..., load_if_exists=True)``). Returns the job
+        ids taken up.
 
         PRIVATE OPTUNA ATTRIBUTE: a ``FrozenTrial`` has no public getter for its storage id, which
         ``optuna.Trial(study, trial_id)`` needs; ``_trial_id`` is read here and nowhere else
@@ -408,6 +411,9 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
             self._done[job] = 0 if step is None else step + 1
             if step is not None:
                 self._loss[job] = float(frozen.intermediate_values[step])
+            if self._done[job] >= self.max_resource:  # at its target already: its result, not another run
+                self._finish(job, self.study.tell(self._running[job], self._loss[job]).state)
+                continue
             taken.append(job)
         self._asked = max(self._asked, len(self.study.get_trials(deepcopy=False)))
         self.touch()
@@ -422,6 +428,23 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
         self._finish(job_id, self.study.tell(trial, state=TrialState.FAIL).state)
         self.touch()
         return []
+
+    def outcome(self, job_id: str) -> str | None:
+        """For the run's record: what the study was told (``completed``, ``pruned``, ``failed``); None
+        while the trial runs."""
+        state = self._stopped.get(job_id)
+        return None if state is None else {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned",
+                                           TrialState.FAIL: "failed"}.get(state, state.name.lower())
+
+    def trials_planned(self) -> int:
+        return self.n_trials
+
+    def trials_decided(self) -> int:
+        """Every trial asked of the study and not running: a resumed study's earlier ones too."""
+        return self._asked - len(self._running)
+
+    def last_result(self, job_id: str) -> tuple[float, float] | None:
+        return (float(self._done[job_id]), self._loss[job_id]) if job_id in self._loss else None
 
     def _finish(self, job_id: str, state: TrialState) -> None:
         del self._running[job_id]

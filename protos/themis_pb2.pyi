@@ -389,10 +389,28 @@ class ListAppsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AppList(_message.Message):
-    __slots__ = ("apps",)
+    __slots__ = ("apps", "departed")
     APPS_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
     apps: _containers.RepeatedCompositeFieldContainer[AppState]
-    def __init__(self, apps: _Optional[_Iterable[_Union[AppState, _Mapping]]] = ...) -> None: ...
+    departed: _containers.RepeatedCompositeFieldContainer[DepartedApp]
+    def __init__(self, apps: _Optional[_Iterable[_Union[AppState, _Mapping]]] = ..., departed: _Optional[_Iterable[_Union[DepartedApp, _Mapping]]] = ...) -> None: ...
+
+class DepartedApp(_message.Message):
+    __slots__ = ("app", "arrived", "left", "why", "last_rho", "gpu_seconds")
+    APP_FIELD_NUMBER: _ClassVar[int]
+    ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    LAST_RHO_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    app: str
+    arrived: float
+    left: float
+    why: str
+    last_rho: float
+    gpu_seconds: float
+    def __init__(self, app: _Optional[str] = ..., arrived: _Optional[float] = ..., left: _Optional[float] = ..., why: _Optional[str] = ..., last_rho: _Optional[float] = ..., gpu_seconds: _Optional[float] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
     __slots__ = ()

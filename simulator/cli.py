@@ -21,54 +21,80 @@ figure and settings (run apart, say on two machines) into one result with interv
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from arbiter.cluster import ClusterFileError
+from arbiter.cluster import ClusterFileError, shipped_clusters
 from arbiter.policies import POLICIES
 from arbiter.rank import RANKS
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S, RESPLITS
 from simulator.metrics import write_summary
+from simulator.pooling import POOLABLE
 from simulator.run_store import RunStore
 from simulator.runs import run_seeds, simulate
+from simulator.strategic import STRATEGIES
 from simulator.workloads import known_workloads
 
 DEFAULT_POLICIES = "themis,gandiva,tiresias,optimus,slaq"
 console = Console(stderr=True)
-out_console = Console(width=200)
+out_console = Console()  # as wide as the terminal, else $COLUMNS, else 80
 
 
-HEADLINE = [  # label, summary key, format, scale, better (-1 lower, +1 higher, 0 not ranked)
-    ("policy", "policy", "{}", 1.0, 0),
-    ("max rho", "max_rho", "{:.2f}", 1.0, -1),
-    ("max, Tid>=10m", "max_rho_floor", "{:.2f}", 1.0, -1),
-    ("p99", "p99_rho", "{:.2f}", 1.0, -1),
-    ("mean", "mean_rho", "{:.2f}", 1.0, -1),
-    ("Jain", "jain_rho", "{:.3f}", 1.0, 1),
-    ("max rho_sh", "max_rho_share", "{:.2f}", 1.0, -1),
-    ("rho_sh>1", "share_rho_share_gt_1", "{:.0%}", 1.0, -1),
-    ("JCT h", "avg_jct", "{:.2f}", 3600.0, -1),
-    ("GPU h", "gpu_time", "{:.0f}", 3600.0, -1),
-    ("place", "mean_placement_score", "{:.3f}", 1.0, 1),
-    ("rst/job", "restarts_per_job", "{:.1f}", 1.0, -1),
-    ("by bids", "by_bids", "{:.0%}", 1.0, 0),
-    ("wall s", "wall_seconds", "{:.0f}", 1.0, 0),
+@dataclass(frozen=True)
+class Column:
+    """A column of the summary table: its header, the summary key, how a value is printed (format,
+    divided by scale, unit for the verdict), which way is better (-1 lower, +1 higher, 0 not ranked),
+    the metric in words and ``keep``: when the table must be narrow, the columns with the largest
+    ``keep`` are left out first (they stay in the JSON)."""
+
+    label: str
+    key: str
+    spec: str = "{:.2f}"
+    scale: float = 1.0
+    better: int = -1
+    keep: int = 0
+    words: str = ""
+    unit: str = ""
+
+
+HEADLINE = [
+    Column("policy", "policy", "{}", better=0),
+    Column("max rho", "max_rho", keep=1, words="max rho"),
+    Column("max, Tid>=10m", "max_rho_floor", keep=10, words="max rho of the apps with T_id >= 10 min"),
+    Column("p99", "p99_rho", keep=9, words="p99 rho"),
+    Column("mean", "mean_rho", keep=3, words="mean rho"),
+    Column("Jain", "jain_rho", "{:.3f}", better=1, keep=2, words="Jain"),
+    Column("max rho_sh", "max_rho_share", keep=7, words="max rho_sh"),
+    Column("rho_sh>1", "share_rho_share_gt_1", "{:.0%}", keep=11),
+    Column("JCT h", "avg_jct", scale=3600.0, keep=6, words="JCT", unit=" h"),
+    Column("GPU h", "gpu_time", "{:.0f}", 3600.0, keep=4, words="GPU time", unit=" GPU-h"),
+    Column("place", "mean_placement_score", "{:.3f}", better=1, keep=8, words="placement"),
+    Column("rst/job", "restarts_per_job", "{:.1f}", keep=5, words="restarts/job"),
+    Column("by bids", "by_bids", "{:.0%}", better=0, keep=12),
+    Column("wall s", "wall_seconds", "{:.0f}", better=0, keep=13),
 ]
+
+#: The metrics the verdict under the compare table weighs (a reader's first questions).
+VERDICT = ("max_rho", "mean_rho", "jain_rho", "avg_jct", "gpu_time", "restarts_per_job")
 
 
 def _by_bids(s: dict[str, Any]) -> dict[str, Any] | float | None:
     """GPUs placed by bids (auction and reserve, D9 D14) in rounds with bidders; None for a policy
     without an auction."""
-    if s.get("policy") != "themis":
+    if s.get("policy") != "themis" or "share_auction" not in s or "share_queue" not in s:
         return None
     a, q = s["share_auction"], s["share_queue"]
     if isinstance(a, dict):
@@ -85,37 +111,194 @@ def _mean(value: Any) -> float | None:
     return value if isinstance(value, int | float) else None
 
 
-def summary_table(summaries: Sequence[dict[str, Any]], title: str) -> Table:
-    """One row per policy; a metric aggregated over seeds shows 'mean±95% half-width'. rho_sh is the
-    contention-normalised rho (time on a dedicated 1/N_avg share); 'by bids' the share of GPUs the
-    auction and the reserve placed in rounds with bidders (D9, D14). The best value of each ranked
-    column (by the mean, as printed) has a * and is bold green: a newcomer sees at a glance which policy wins
-    what (issue 11)."""
+def _half(value: Any) -> float:
+    return value.get("half", 0.0) if isinstance(value, dict) else 0.0
+
+
+@dataclass
+class Layout:
+    """What the summary table shows: its columns, per row the values of every column of HEADLINE,
+    the columns left out because they equal a shown one in every row (with that one), and those
+    left out because the table would be wider than the terminal."""
+
+    shown: list[Column]
+    rows: list[dict[str, Any]]
+    same_as: dict[str, str] = field(default_factory=dict)
+    no_room: list[str] = field(default_factory=list)
+
+
+def _cell(value: Any, col: Column) -> str:
     from simulator.seeds import fmt
 
-    table = Table(title=title, caption="* (bold green): best mean in its column; lower is better except Jain and place")
-    for name, _, _, _, _ in HEADLINE:
-        table.add_column(name, justify="right")
-    rows = [[_by_bids(s) if key == "by_bids" else s.get(key) for _, key, _, _, _ in HEADLINE] for s in summaries]
-    best: dict[int, str] = {}
-    for c, (_, _, spec, scale, better) in enumerate(HEADLINE):
-        shown = [(fmt(r[c], spec, scale).split("±")[0], _mean(r[c])) for r in rows if _mean(r[c]) is not None]
-        if better and len(shown) > 1:
-            pick = min if better < 0 else max
-            best[c] = pick(shown, key=lambda t: t[1])[0]
-    for r in rows:
+    if value is None:
+        return "-"
+    return value if col.key == "policy" else fmt(value, col.spec, col.scale)
+
+
+def _printed(value: Any, col: Column) -> list[str]:
+    """Every number behind a cell as printed: each seed's value, or the one value."""
+    from simulator.seeds import fmt
+
+    if isinstance(value, dict) and value.get("values"):
+        return [fmt(v, col.spec, col.scale) for v in value["values"]]
+    return [_cell(value, col)]
+
+
+def _best(layout: Layout, col: Column) -> str | None:
+    """The best mean of a ranked column as printed (ties share it), or None."""
+    shown = [(_cell(r[col.key], col).split("±")[0], _mean(r[col.key])) for r in layout.rows
+             if _mean(r[col.key]) is not None]
+    if not col.better or len(shown) < 2:
+        return None
+    pick = min if col.better < 0 else max
+    return pick(shown, key=lambda t: t[1])[0]
+
+
+def _table(layout: Layout, title: str) -> Table:
+    """The table of ``layout``: one row per policy; a value over seeds shows its mean with the
+    half-width of its 95% interval under it, so that ten columns fit 80 characters; the best
+    mean of each ranked column has a * and is bold green (issue 11)."""
+    best = {col.key: _best(layout, col) for col in layout.shown}
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption="*: best mean in its column (lower is better except Jain, place)"
+                  if any(best.values()) else None, caption_justify="left", title_justify="left")
+    for col in layout.shown:
+        table.add_column(col.label, justify="left" if col.key == "policy" else "right")
+    for r in layout.rows:
         cells = []
-        for c, (_, key, spec, scale, _) in enumerate(HEADLINE):
-            value = r[c]
-            if value is None:
-                cells.append("-")
-            elif key == "policy":
-                cells.append(value)
-            else:
-                text = fmt(value, spec, scale)
-                cells.append(f"[bold green]{text}*[/]" if best.get(c) == text.split("±")[0] else text)
+        for col in layout.shown:
+            text = _cell(r[col.key], col)
+            if col.key == "policy" or text == "-":
+                cells.append(text)
+                continue
+            mean, _, half = text.partition("±")
+            star = "*" if best[col.key] == mean else ""
+            shown = f"{mean}{star}" + (f"\n±{half}" if half else "")
+            cells.append(f"[bold green]{shown}[/]" if star else shown)
         table.add_row(*cells)
     return table
+
+
+def _layout(summaries: Sequence[dict[str, Any]], width: int | None = None) -> Layout:
+    """Which columns the table shows. A column with no value in any row is left out; so is one
+    whose printed values equal an earlier column's in every row and every seed (in the demo max
+    rho, its value above the 10-minute floor and p99 were the same numbers), two numbers at least: one
+    number equal to another is a coincidence (a run's 100% of rho_sh > 1 and 100% by bids). With
+    ``width``, the columns with the largest ``keep`` go until the table fits it (issue 36 item 5)."""
+    rows = [{c.key: _by_bids(s) if c.key == "by_bids" else s.get(c.key) for c in HEADLINE} for s in summaries]
+    layout = Layout([], rows)
+    printed: dict[str, list[str]] = {}
+    for col in HEADLINE:
+        cells = [_cell(r[col.key], col) for r in rows]
+        if col.key != "policy" and all(c == "-" for c in cells):
+            continue
+        numbers = [v for r in rows for v in _printed(r[col.key], col) if v != "-"]
+        cells += numbers
+        twin = next((k for k, seen in printed.items() if k != "policy" and seen == cells), None)
+        if len(numbers) < 2:
+            twin = None
+        if twin is not None:
+            layout.same_as[col.label] = next(c.label for c in HEADLINE if c.key == twin)
+            continue
+        printed[col.key] = cells
+        layout.shown.append(col)
+    if width is not None:
+        measure = Console(width=10_000, file=io.StringIO())  # the natural width, not clamped to the terminal
+        while len(layout.shown) > 2 and measure.measure(_table(layout, "")).maximum > width:
+            drop = max(layout.shown, key=lambda c: c.keep)
+            layout.shown.remove(drop)
+            layout.no_room.insert(0, drop.label)
+    return layout
+
+
+def summary_table(summaries: Sequence[dict[str, Any]], title: str, width: int | None = None) -> Table:
+    """One row per policy (see ``_table``), the columns chosen by ``_layout``: those with values,
+    no column twice, and with ``width`` no wider than that. rho_sh is the contention-normalised rho
+    (time on a dedicated 1/N_avg share); 'by bids' the share of GPUs the auction and the reserve
+    placed in rounds with bidders (D9, D14)."""
+    return _table(_layout(summaries, width), title)
+
+
+def _and(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def print_summary(out: Console, summaries: Sequence[dict[str, Any]], title: str, json_name: str) -> None:
+    """The summary table as wide as ``out``, and a line under it that names the columns left out
+    and where they are."""
+    layout = _layout(summaries, out.width)
+    out.print(_table(layout, title))
+    notes = []
+    twins: dict[str, list[str]] = {}
+    for label, twin in layout.same_as.items():
+        twins.setdefault(twin, []).append(label)
+    for twin, labels in twins.items():
+        notes.append(f"{_and(labels)} {'equal' if len(labels) > 1 else 'equals'} {twin}"
+                     + (" in every row" if len(summaries) > 1 else ""))
+    if layout.no_room:
+        notes.append(f"{_and(layout.no_room)} left out to fit {out.width} columns")
+    seeds = any(isinstance(v, dict) and len(v.get("values", [])) > 1 for s in summaries for v in s.values())
+    notes.append(("every metric, with every seed's value," if seeds else "every metric") + f" is in {json_name}")
+    out.print("; ".join(notes) + ".", highlight=False)
+
+
+def verdict(summaries: Sequence[dict[str, Any]]) -> str | None:
+    """One line, computed from the rows of the compare table: where Themis wins and loses against
+    the best of the other policies on the metrics of VERDICT (and, over seeds, where the 95%
+    intervals are apart), or, without Themis, which policy is best on each. None for one row."""
+    if len(summaries) < 2:
+        return None
+    cols = [c for key in VERDICT for c in HEADLINE if c.key == key]
+
+    def shown(value: Any, col: Column) -> str:
+        return _cell(_mean(value), col)
+
+    themis = next((s for s in summaries if s.get("policy") == "themis"), None)
+    if themis is None:
+        parts = []
+        for col in cols:
+            have = [(s["policy"], s.get(col.key)) for s in summaries if _mean(s.get(col.key)) is not None]
+            if len(have) < 2:
+                continue
+            pick = min if col.better < 0 else max
+            top = pick(_mean(v) for _, v in have)
+            text = shown(top, col)
+            winners = [p for p, v in have if shown(v, col) == text]
+            parts.append(f"{col.words} {_and(winners)} ({text}{col.unit})")
+        return "Best per metric: " + ", ".join(parts) + "." if parts else None
+    wins, losses, ties, apart = [], [], [], []
+    for col in cols:
+        mine = themis.get(col.key)
+        others = [(s["policy"], s.get(col.key)) for s in summaries
+                  if s is not themis and _mean(s.get(col.key)) is not None]
+        if _mean(mine) is None or not others:
+            continue
+        pick = min if col.better < 0 else max
+        name, theirs = pick(others, key=lambda t: _mean(t[1]))
+        a, b = shown(mine, col), shown(theirs, col)
+        if a == b:
+            ties.append(f"{col.words} with {name} ({a}{col.unit})")
+            continue
+        said = f"{col.words} ({a} vs {name} {b}{col.unit})"
+        (wins if col.better * (_mean(mine) - _mean(theirs)) > 0 else losses).append(said)
+        if isinstance(mine, dict) and abs(_mean(mine) - _mean(theirs)) > _half(mine) + _half(theirs):
+            apart.append(col.words)
+    parts = []
+    if wins:
+        parts.append("wins on " + _and(wins))
+    if losses:
+        parts.append("loses on " + _and(losses))
+    if ties:
+        parts.append("ties on " + _and(ties))
+    judged = len(wins) + len(losses)
+    if judged and any(len(v.get("values", [])) > 1 for v in themis.values() if isinstance(v, dict)):
+        if not apart:
+            parts.append("95% intervals overlap on every one")
+        elif len(apart) == judged:
+            parts.append("95% intervals apart on every one")
+        else:
+            parts.append(f"95% intervals apart only on {_and(apart)}")
+    return "Themis " + "; ".join(parts) + "." if parts else None
 
 
 def _knob(text: str) -> tuple[str, Any]:
@@ -166,18 +349,20 @@ def _use_profiles(args: argparse.Namespace) -> None:
 
 
 def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
-    p.add_argument("--cluster", default="sim-256", help="testbed-64, sim-256 or a cluster TOML file (default sim-256)")
-    p.add_argument("--workload", default="small",
+    p.add_argument("--cluster", default="sim-256", metavar="NAME_OR_TOML",
+                   help=f"{', '.join(shipped_clusters())} or a cluster TOML file (default %(default)s)")
+    p.add_argument("--workload", default="small", metavar="NAME_OR_CSV",
                    help=f"{', '.join(known_workloads())}, or a CSV trace "
-                        "(app,job,arrival_s,gpus,iterations,iter_time_s,model); default small")
+                        "(app,job,arrival_s,gpus,iterations,iter_time_s,model); default %(default)s")
     if policy:
-        p.add_argument("--policy", default="themis", choices=sorted(POLICIES))
+        p.add_argument("--policy", default="themis", choices=sorted(POLICIES), metavar="POLICY",
+                       help="%(choices)s (default %(default)s)")
     p.add_argument("--fairness-knob", type=float, default=0.8, help="f of D6 (themis only)")
     p.add_argument("--max-contenders", type=int, default=None,
                    help="cap Themis's auction at the worst N bidders, as the service does (D20; default: no cap)")
     p.add_argument("--lease", type=float, default=600.0, help="lease length in seconds (D10)")
     p.add_argument("--restart", type=float, default=DEFAULT_RESTART_S, help="restart delay in seconds (D11)")
-    p.add_argument("--resplit", choices=RESPLITS, default="now",
+    p.add_argument("--resplit", choices=RESPLITS, default="now", metavar="WHEN",
                    help="when an app whose GPUs grew moves its running jobs onto them: now (D11) or "
                         "rent-or-buy (D23: once the idle GPUs have cost what the restarts would)")
     p.add_argument("--no-reclaim", dest="reclaim", action="store_false",
@@ -220,7 +405,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                        workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
                        **_resplit(args))
     path = write_summary(summary, args.out)
-    out_console.print(summary_table([summary], f"{args.workload} on {args.cluster}"))
+    print_summary(out_console, [summary], f"{args.policy}: {args.workload} on {args.cluster}, seed {args.seed}",
+                  path.name)
     console.print(f"wrote {path}")
     return 0
 
@@ -247,12 +433,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for seed, summary in zip(seeds, runs):
             write_summary(summary, args.out / policy if len(seeds) == 1 else args.out / policy / f"seed{seed}")
         rows.append(runs[0] if len(seeds) == 1 else aggregate(runs))
-    title = f"{args.workload} on {args.cluster}" + (f", {len(seeds)} seeds (mean ± 95% CI)" if len(seeds) > 1 else "")
-    out_console.print(summary_table(rows, title))
+    from simulator.plots import seeds_text
+
+    title = f"{args.workload} on {args.cluster}, {seeds_text(seeds)}" + (
+        " (mean; under it ± 95% CI)" if len(seeds) > 1 else "")
+    print_summary(out_console, rows, title, "comparison.json")
     plots = compare_plots([runs[0] for runs in per_policy], args.out, aggregated=rows if len(seeds) > 1 else None)
     (args.out / "comparison.json").write_text(json.dumps(
         [{k: v for k, v in s.items() if k != "apps"} for s in rows], indent=1))
     console.print("wrote " + ", ".join(str(p) for p in [args.out / "comparison.json", *plots]))
+    line = verdict(rows)
+    if line:
+        out_console.print(line, highlight=False)
     return 0
 
 
@@ -359,54 +551,93 @@ def _levels(text: str) -> list[float]:
     return levels
 
 
+class _Help(argparse.HelpFormatter):
+    """argparse's help, with no line broken inside a hyphenated name (overreport-spread)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _Later(Sequence[str]):
+    """Choices argparse checks and lists only when it must (a value to check, --help, an error):
+    the experiments' names come with matplotlib, which ``run`` does not need."""
+
+    def __init__(self, names: Callable[[], Sequence[str]]):
+        self._names = names
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return list(self._names())[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+
+def _experiment_names() -> list[str]:
+    from simulator.experiments import EXPERIMENTS
+
+    return list(EXPERIMENTS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _load_plugins(argv)
-    parser = argparse.ArgumentParser(prog="themis-sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="themis-sim", description=__doc__.splitlines()[0], formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="simulate one policy")
+    p = sub.add_parser("run", formatter_class=_Help, help="simulate one policy")
     _add_common(p)
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("compare", help="simulate several policies on the same workload")
+    p = sub.add_parser("compare", formatter_class=_Help, help="simulate several policies on the same workload")
     _add_common(p, policy=False)
-    p.add_argument("--policies", default=DEFAULT_POLICIES)
+    p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P1,P2,...",
+                   help=f"comma-separated, from {', '.join(sorted(POLICIES))} (default %(default)s)")
     p.add_argument("--seeds", type=_count, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
     p.add_argument("--workers", type=_count, default=None, help="processes for the seeds (default: the machine's cores)")
     _add_ray(p)
     _add_fresh(p)
     p.set_defaults(func=cmd_compare)
-    p = sub.add_parser("experiment", help="reproduce one of the paper's figures")
-    p.add_argument("name")
+    p = sub.add_parser("experiment", formatter_class=_Help, help="reproduce one of the paper's figures")
+    p.add_argument("name", choices=_Later(_experiment_names), metavar="NAME", help="%(choices)s")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0, help="the first seed")
     p.add_argument("--seeds", type=_count, default=5, help="seeds per point: mean and 95%% interval")
     p.add_argument("--workers", type=_count, default=None, help="processes (default: the machine's cores)")
     _add_ray(p)
-    p.add_argument("--policies", default=None, help="comma-separated (default: themis and the paper's baselines)")
+    p.add_argument("--policies", default=None, metavar="P1,P2,...",
+                   help=f"comma-separated, from {', '.join(sorted(POLICIES))} (default: themis and the paper's "
+                        "baselines)")
     p.add_argument("--quick", action="store_true", help="smaller workloads and fewer points")
-    p.add_argument("--setup", choices=("sim", "paper"), default="sim",
+    p.add_argument("--setup", choices=("sim", "paper"), default="sim", metavar="SETUP",
                    help="sim: every figure on sim-256, Fig. 12 with Workload 2 (default); paper: Figs. 9-12 on "
                         "testbed-64 as the paper ran them, Fig. 12 with Workload 1")
     _add_fresh(p)
     _add_plugin(p)
     _add_profiles(p)
     p.set_defaults(func=cmd_experiment)
-    p = sub.add_parser("pool", help="pool the seeds of saved experiment results (same figure and settings)")
-    p.add_argument("name", help="the figure: fig12, fig13, fig14 or fig16")
+    p = sub.add_parser("pool", formatter_class=_Help,
+                       help="pool the seeds of saved experiment results (same figure and settings)")
+    p.add_argument("name", choices=POOLABLE, metavar="NAME", help="the figure: %(choices)s")
     p.add_argument("results", nargs="+", type=Path, metavar="RESULT_JSON")
     p.add_argument("--out", type=Path, required=True, help="folder for the pooled JSON and plots")
     p.set_defaults(func=cmd_pool)
-    p = sub.add_parser("strategic", help="one or more lying apps among truthful ones (paper Fig. 15)")
+    p = sub.add_parser("strategic", formatter_class=_Help,
+                       help="one or more lying apps among truthful ones (paper Fig. 15)")
     _add_common(p)
-    p.add_argument("--strategy", required=True)
+    p.add_argument("--strategy", required=True, choices=sorted(STRATEGIES), metavar="NAME",
+                   help="how the liars bid (simulator/strategic.py): %(choices)s")
     p.add_argument("--levels", default="0,10,20,30,40,50,60,70,80,90,100", help="lie sizes in percent")
     p.add_argument("--liars", type=int, default=1, help="the first K apps of the workload lie")
     p.add_argument("--liar", default=None, help="comma-separated app ids that lie (instead of --liars)")
     p.add_argument("--seeds", type=_count, default=5, help="seeds: mean and 95%% interval")
     p.add_argument("--workers", type=_count, default=None, help="processes (default: the machine's cores)")
     _add_ray(p)
-    p.add_argument("--rank", choices=RANKS, default="reported",
-                   help="the rho that ranks the liars (D21): as they report it, or computed by the arbiter "
-                        "with their measured slowdowns")
+    p.add_argument("--rank", choices=RANKS, default="reported", metavar="RANK",
+                   help="the rho that ranks the liars (D21), %(choices)s: as they report it, or computed by the "
+                        "arbiter with their measured slowdowns (default %(default)s)")
     _add_fresh(p)
     p.set_defaults(func=cmd_strategic)
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ the benchmarks import the runs without importing the command line that imports t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,9 @@ def simulate(
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
         resplit=resplit, rank=rank, reclaim=reclaim,
     )
-    if show_progress:
+    if show_progress and not console.is_terminal:
+        result = sim.run(progress=_app_lines(f"{policy} on {the_cluster.name}", sim))
+    elif show_progress:
         with Progress(TextColumn(f"[bold]{policy}[/] on {the_cluster.name}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("apps done, t={task.fields[t]:.0f}s"), TimeElapsedColumn(), console=console,
                       transient=True) as bar:
@@ -133,6 +136,28 @@ def _progress_lines(label: str, total: int, kept: int) -> Callable[[int], None]:
                       highlight=False)
 
     return line
+
+
+def _app_lines(label: str, sim: Simulation) -> Callable[[float], None]:
+    """Progress of one simulation off a terminal (``themis-sim run`` into a log or a pipe, where the
+    live bar shows nothing until the end): a line when it starts and one each time another tenth of
+    its apps has finished, with the simulated time reached."""
+    started = time.monotonic()
+    total = len(sim.workload.apps)
+    step = max(1, math.ceil(total / 10))
+    console.print(f"{label}: {total} apps to simulate; a line every {step} finished", highlight=False)
+    said = 0
+
+    def tick(now: float) -> None:
+        nonlocal said
+        done = sum(1 for r in sim.runs.values() if r.finished_at is not None)
+        if done > said and done >= min(total, said + step):
+            said = done
+            minutes, seconds = divmod(int(time.monotonic() - started), 60)
+            console.print(f"{label}: {done} of {total} apps done, {now / 3600:.1f} simulated hours, "
+                          f"{minutes}:{seconds:02d} elapsed", highlight=False)
+
+    return tick
 
 
 def run_seeds(runs: Sequence[dict[str, Any]], seeds: Sequence[int], workers: "int | RayCluster | None",

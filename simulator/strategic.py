@@ -491,13 +491,48 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
                       "other apps' JCT / truthful": [p["others_jct_vs_truthful"]["half"] for p in points]},
               xlabel=f"lie size X (%) -- {strategy}", ylabel="completion time relative to X = 0",
               title=f"Strategic bidding: {len(chosen)} liar(s) on {cluster}, {policy}, {rank} rank, {seeds} seeds")
+    print_strategic(result)
+    return result
+
+
+def verdict(point: dict[str, Any], strategy: str, liars: int = 1) -> str:
+    """Whether lying paid at one lie size, from the point's numbers: the liars' completion time
+    against the same apps truthful (mean and 95% interval over seeds) and in how many seeds they
+    finished sooner or later. It paid when the whole interval is below 1 (with one seed: when the
+    liars finished sooner); a mean below 1 whose interval reaches 1 did not clearly pay."""
+    ratio, n = point["liar_jct_vs_truthful"], point["seeds"]
+    mean = ratio["mean"]
+    lo, hi = ratio.get("ci95", [mean, mean])
+    if n > 1:
+        said = "lying paid" if hi < 1 else "lying did not clearly pay" if mean < 1 else "lying did not pay"
+        spread = f"95% CI {lo:.3f}-{hi:.3f}"
+    else:
+        said = "lying paid" if mean < 1 - 1e-9 else "lying did not pay"
+        spread = "one seed, no interval"
+    who = "the liars finish" if liars > 1 else "the liar finishes"
+    whose = "their" if liars > 1 else "its"
+    sooner, later = point["liar_faster_in"], point["liar_slower_in"]
+    seeds = f"{n} seed{'s' if n > 1 else ''}"
+    tally = (f"the same time in {'all ' if n > 1 else 'the '}{seeds}" if not sooner and not later else
+             f"sooner in {sooner} of {seeds}" + (f", later in {later}" if later else ""))
+    return (f"{strategy}, X = {point['level']:g}%: {said}: {who} at {mean:.3f} of {whose} truthful time "
+            f"({spread}), {tally}")
+
+
+def print_strategic(result: dict[str, Any], console: Any = None) -> None:
+    """The study's table (one row per lie size) and a verdict line per lie size above 0."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from simulator.seeds import fmt
 
-    table = Table(title=f"{strategy}: liar(s) {', '.join(sorted(chosen))[:60]}, {workload} on {cluster}, {policy}, "
-                        f"{rank} rank, {seeds} seeds (mean ± 95% CI)")
+    console = console or Console()
+    points, liars = result["points"], result["liars"]
+    table = Table(title=f"{result['strategy']}: liar(s) {', '.join(liars)[:60]}, {result['workload']} on "
+                        f"{result['cluster']}, {result['policy']}, {result['rank']} rank, {len(result['seeds'])} "
+                        "seeds (mean ± 95% CI)",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left")
     for col in ("X %", "liar JCT (h)", "liar JCT / truthful", "sooner in", "later in", "liar hidden payment",
                 "others JCT / truthful"):
         table.add_column(col, justify="right")
@@ -505,5 +540,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
         table.add_row(f"{p['level']:.0f}", fmt(p["liar_jct_s"], "{:.2f}", 3600.0), fmt(p["liar_jct_vs_truthful"], "{:.3f}"),
                       f"{p['liar_faster_in']} of {p['seeds']}", f"{p['liar_slower_in']} of {p['seeds']}",
                       fmt(p["liar_hidden_payment"], "{:.3f}"), fmt(p["others_jct_vs_truthful"], "{:.3f}"))
-    Console(width=180).print(table)
-    return result
+    console.print(table)
+    for p in points:
+        if p["level"] != 0:
+            console.print(verdict(p, result["strategy"], len(liars)), highlight=False)

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agent.client import channel, issue_token, register
 from arbiter.limits import Limits
 from arbiter.service import ArbiterService
+from protos import exits
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 from tests.service_kit import ADMIN, RawStream, admin_stub, arbiter, cluster_file, credential, wait_for
@@ -330,7 +331,8 @@ def test_one_certificate_puts_grpc_the_admin_cli_and_the_metrics_behind_tls(tmp_
     ok, plain, token_rc, page, bound = run(scenario())
     out = capsys.readouterr()
     assert ok == 0 and token_rc == 0 and '"cluster": "test-8"' in out.out and "reg_" in out.out
-    assert plain == 1 and "status: UNAVAILABLE" in out.err  # a plaintext client cannot talk to it
+    # a plaintext client cannot talk to it: one line with the cause and the fix (TLS needs --tls-ca)
+    assert plain == exits.UNREACHABLE and "UNAVAILABLE" in out.err and "--tls-ca" in out.err, out.err
     assert "themis_rounds_total" in page or "themis_" in page
     assert bound == "127.0.0.1"
 

@@ -590,7 +590,7 @@ def test_the_agent_command_exits_with_the_reason_on_a_stale_credential(tmp_path)
                 sys.executable, "-m", "agent.cli", "run", str(app_file), "--arbiter", tgt,
                 "--credential-file", str(cred_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), 60)
-            assert proc.returncode == 1, err.decode()[-2000:]
+            assert proc.returncode == 4, err.decode()[-2000:]
             assert "UNAUTHENTICATED" in err.decode(), err.decode()[-2000:]
 
     run(scenario())
@@ -1110,3 +1110,40 @@ def test_an_app_whose_agent_is_gone_and_that_holds_nothing_goes_idle_and_leaves_
                 await t
 
     run(scenario())
+
+
+def test_status_lists_the_apps_that_left_and_a_restart_keeps_them(tmp_path, capsys):
+    """Issue 36: ``status`` forgot finished apps. An app whose agent says Done and one an admin
+    removes are listed, newest first, with why they left, their GPU time and their last rho; the
+    journal keeps them through a restart."""
+    from arbiter.cli import main
+
+    async def scenario():
+        async with arbiter(tmp_path, lease_s=2.0) as server:
+            a, task = await start_agent(server, "a", halving_app(jobs=2))
+            await wait_for(lambda: len(a.held) == 2 and math.isfinite(server.service.last_rho.get("a", math.inf)), 30)
+            a.done()
+            await task
+            await wait_for(lambda: "a" not in server.service.engine.apps, 30)
+            b = RawStream(server, "b", await credential(server, "b"))
+            b.send(hello=pb.Hello(app="b", demand=0))
+            await b.next("welcome")
+            stub, meta, ch = admin_stub(server)
+            await stub.RemoveApp(pb.RemoveAppRequest(app="b"), metadata=meta)
+            await ch.close()
+            await b.close()
+            await wait_for(lambda: "b" not in server.service.engine.apps, 30)
+        async with arbiter(tmp_path) as server:  # restarted on the same journal
+            stub, meta, ch = admin_stub(server)
+            listed = await stub.ListApps(pb.ListAppsRequest(), metadata=meta)
+            await ch.close()
+            await asyncio.to_thread(main, ["status", "--arbiter", target(server), "--admin-token", ADMIN])
+            return listed
+
+    listed = run(scenario())
+    assert [(d.app, d.why) for d in listed.departed] == [("b", "removed"), ("a", "finished")]
+    gone_a = listed.departed[1]
+    assert gone_a.gpu_seconds > 0 and math.isfinite(gone_a.last_rho) and gone_a.left >= gone_a.arrived
+    assert math.isinf(listed.departed[0].last_rho) and listed.departed[0].gpu_seconds == 0
+    table = capsys.readouterr().out
+    assert "apps that left" in table and "finished" in table and "removed" in table
