@@ -592,7 +592,8 @@ class AppRunner:
             after, start = self._resuming.pop(job)
             # a run whose checkpoint was at its target says that report again and trains nothing
             went_on_from = m.iteration if m.iteration <= start else m.iteration - 1
-            self.resumes.append({"job": job, "from_iteration": went_on_from, "after": after})
+            if went_on_from >= 1:  # a checkpoint written before the first iteration holds no progress
+                self.resumes.append({"job": job, "from_iteration": went_on_from, "after": after})
         if self.profiler is not None:
             self.profiler.observe(job, m.iter_time_s, m.gpus, m.demand)
             if self._profile_ok:

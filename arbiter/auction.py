@@ -102,6 +102,7 @@ class AuctionOutcome:
     contenders: tuple[str, ...] = ()
     canonical: bool = True
     shadows: tuple[str, ...] = ()  # contenders shut out by the big smallest rows of those before them (D25)
+    admitted: tuple[str, ...] = ()  # the contenders that took part in the PF allocation (D25)
 
 
 def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int = MAX_ROWS) -> None:
@@ -1140,4 +1141,5 @@ def run_auction(
         contenders=admission.contenders,
         canonical=canonical,
         shadows=admission.shadows,
+        admitted=admission.admitted,
     )

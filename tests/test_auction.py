@@ -210,9 +210,15 @@ def _pareto_dominated(bids, apps, assignment):
 @settings(max_examples=150, deadline=None)
 @given(instances())
 def test_pf_allocation_is_pareto_efficient(instance):
+    """Among the contenders admitted to the PF (D25). A contender shut out by size is not: hypothesis
+    found the case where a shadow's 1-GPU row fits a GPU no PF row took (offer g0, g1 and h0; app1
+    first with only {g0, g1}, app2 with only {g0}, app0 with {h0}); D25 leaves it out of the PF
+    and charges the winner whose big smallest row shut it out (c = 0), and the leftover tiers
+    (D9, D26) can still give it the free GPU."""
     offered, bids = instance
     outcome = run_auction(offered, bids, seed=0)
-    assert not _pareto_dominated(bids, outcome.contenders, _pf_assignment(bids, outcome))
+    assert set(outcome.admitted) <= set(outcome.contenders)
+    assert not _pareto_dominated(bids, outcome.admitted, _pf_assignment(bids, outcome))
 
 
 @st.composite
@@ -713,3 +719,18 @@ def test_a_component_too_deep_to_search_goes_to_the_milp():
     rows = [[(1 << (k % 40), 1 + k % 7, 0, 0)] for k in range(1500)]
     comp = _Component([f"a{k}" for k in range(1500)], rows)
     assert _search(comp, None, None, 10**9) is None  # recursion depth: no crash, the caller solves the MILP
+
+
+def test_a_shadow_is_left_out_of_the_pf_and_the_winner_that_shut_it_out_is_charged():
+    """The case hypothesis found against Pareto efficiency over every contender (D25): app1, first,
+    bids only two GPUs, app2 only g0, app0 only h0. By size app1 and app2 fill the three GPUs, so
+    app0 is a shadow; the PF serves app1, and app1's row with the GPU no row took (h0) would hold
+    app0's row, so app1's c is 0: the zero is charged to the table that shut the shadow out."""
+    g0, g1, h0 = "r0-m0-g0", "r0-m0-g1", "r0-m1-g0"
+    bids = {"app1": BidTable(math.inf, ((frozenset({g0, g1}), 1.0),)),
+            "app2": BidTable(math.inf, ((frozenset({g0}), 1.0),)),
+            "app0": BidTable(2.0, ((frozenset({h0}), 1.0),))}
+    outcome = run_auction(frozenset({g0, g1, h0}), bids, seed=0, priority=["app1", "app2", "app0"])
+    assert outcome.admitted == ("app1", "app2") and outcome.shadows == ("app0",)
+    assert outcome.pf == {"app1": frozenset({g0, g1})} and outcome.hidden_payment["app1"] == 0.0
+    assert h0 in outcome.leftover  # for the leftover tiers (D9, D26)
