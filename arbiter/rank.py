@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from arbiter.auction import RHO_MAX, RHO_MIN
 from protos.messages import MAX_PHASES, WORK_COLUMNS, PhaseWork, WorkClaim
 
-__all__ = ["MAX_PHASES", "PACE_BAND", "PACE_MAX", "RANKS", "BadWorkClaim", "Pace", "check_claim", "check_rank",
-           "measured_rho", "time_left"]
+__all__ = ["MAX_PHASES", "PACE_BAND", "PACE_MAX", "RANKS", "WORK_FLOOR_BAND", "BadWorkClaim", "Pace", "check_claim", "check_rank",
+           "measured_rho", "time_left", "work_left_floor"]
 
 #: Where the rho that ranks an app comes from (D21): its report, or its claimed work at slowdowns
 #: the arbiter knows.
@@ -48,6 +48,11 @@ _SHARE_LEVEL = 1  # D13's fair share is packed on one machine: no job of it span
 PACE_BAND = 0.7
 #: D29: the most the arbiter scales an app's claims by
 PACE_MAX = 10.0
+#: D31: B is taken as at least the most work the app's claims said was left, over 1 + this. A
+#: search's B is a plan at its trials' median speed while its claims follow the actual slowest trial,
+#: so an honest claim can say up to 1.7% more work is left than its B holds (the contended workload;
+#: 0.01% on the paper setup's Workload 2; 0 on the crowded trace; session 18)
+WORK_FLOOR_BAND = 0.05
 
 
 class BadWorkClaim(ValueError):
@@ -144,8 +149,15 @@ def time_left(phases: Sequence[PhaseWork], slowdown: Sequence[float]) -> float:
                for one, slot, machine, rack, spread in phases)
 
 
+def work_left_floor(claim: WorkClaim) -> float:
+    """D31: GPU-seconds of work the claim itself says are left, at the least: per phase its slowest
+    job's time at slowdown 1, which is at most that job's work (a job on n GPUs takes its work / n).
+    B is all the app's work, done and left, so a B below this contradicts the claim it comes with."""
+    return sum(max(phase) for phase in (claim.held or claim.share))
+
+
 def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, demand: int, elapsed: float,
-                 n_avg: float, cluster_size: int, pace: float = 1.0) -> tuple[float, float]:
+                 n_avg: float, cluster_size: int, pace: float = 1.0, work_floor: float = 0.0) -> tuple[float, float]:
     """(rho, waiting rho) of an app from its checked ``claim`` at ``slowdown`` (D21): rho on what
     it holds (infinity when it holds nothing and has work left), and D13's waiting rho on its fair
     share when it holds nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds
@@ -159,9 +171,14 @@ def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, dema
     too: claims that went down slower than the time the app held its GPUs were too small, all of
     them alike (an app that says it is a smaller app that has waited longer); claims that went down
     faster were too big, and only the time left is scaled down, never B up or down, so that a
-    correction never ranks an app as worse off than its own claims."""
+    correction never ranks an app as worse off than its own claims.
+
+    ``work_floor`` (D31) is the most work the app's claims have ever said was left
+    (:func:`work_left_floor`): B is taken as at least that over 1 + WORK_FLOOR_BAND, so a B
+    understated below the app's own claims buys at most the band. Honest claims stay below it: B is
+    their work, done and left (for a search, planned at its trials' median speed)."""
     gpus = min(cluster_size, max(1, claim.demand_max))
-    t_id = claim.work_gpu_s * max(1.0, pace) / gpus * n_avg
+    t_id = max(claim.work_gpu_s, work_floor / (1.0 + WORK_FLOOR_BAND)) * max(1.0, pace) / gpus * n_avg
     if not (math.isfinite(t_id) and t_id > 0):
         raise BadWorkClaim(f"work_gpu_s {claim.work_gpu_s!r} over {gpus} GPU(s) x N_avg {n_avg:g} gives T_id = "
                            f"{t_id!r}; it must be a finite time > 0 (Eq. 1)")

@@ -30,7 +30,7 @@ from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
 from arbiter.lottery import RoundSeeds, commitment
 from arbiter.policies.base import Decision, Policy, RoundContext
-from arbiter.rank import BadWorkClaim, Pace, check_claim, check_rank, measured_rho, time_left
+from arbiter.rank import BadWorkClaim, Pace, check_claim, check_rank, measured_rho, time_left, work_left_floor
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest
 
 DEFAULT_LEASE_S = 600.0
@@ -187,6 +187,8 @@ class RoundEngine:
         self.reclaimed_for: set[str] = set()
         #: D29: how fast each app ranked by its work has burned its claimed time left (measured rank)
         self.pace: dict[str, Pace] = {}
+        #: D31: the most work (GPU-seconds) each app ranked by its work has claimed to have left
+        self.work_floor: dict[str, float] = {}
 
     # -- durable state and a changing cluster ------------------------------------------------
 
@@ -326,6 +328,7 @@ class RoundEngine:
         del self.apps[app]
         self.slowdowns.pop(app, None)
         self.pace.pop(app, None)
+        self.work_floor.pop(app, None)
         self.idle.discard(app)
         freed = self.leases.release(app)
         if freed:
@@ -588,6 +591,7 @@ class OpenRound:
         self._ranked = 0
         self._bids: dict[str, BidTable] = {}
         self._paces: dict[str, Pace] = {}  # D29: what this round's reports add, kept when it closes
+        self._floors: dict[str, float] = {}  # D31: the same for the work the claims say is left
         self.rejected: dict[str, str] = {}
         self._rng = random.Random(self.seed)
 
@@ -645,9 +649,11 @@ class OpenRound:
             slowdown = self.by_work[app]
             pace = engine.pace.get(app, Pace()).after(self.now, frozenset(held), time_left(claim.held, slowdown))
             self._paces[app] = pace
+            # D31: B is at least the most work the app's own claims have said was left
+            floor = self._floors[app] = max(engine.work_floor.get(app, 0.0), work_left_floor(claim))
             rho, wait = measured_rho(claim, slowdown, held=len(held), demand=report.demand,
                                      elapsed=self.now - engine.apps[app].arrived, n_avg=n_avg, cluster_size=size,
-                                     pace=pace.factor(engine.lease_s))
+                                     pace=pace.factor(engine.lease_s), work_floor=floor)
         except BadWorkClaim as exc:
             raise InvalidReport(f"{app!r}: work claim: {exc}") from None
         return replace(report, rho=rho, rho_wait=wait, work=claim)
@@ -789,6 +795,7 @@ class OpenRound:
                 self.engine._note(self.now)
             self.engine.silent = silent
             self.engine.pace.update((a, p) for a, p in self._paces.items() if a in self.engine.apps)
+            self.engine.work_floor.update((a, f) for a, f in self._floors.items() if a in self.engine.apps)
             return RoundResult(
                 round_id=self.round_id,
                 now=self.now,

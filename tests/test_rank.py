@@ -15,7 +15,7 @@ from agent.fairness import shared_time_left, waiting_rho, work_of_shape
 from agent.placement import canonical_shape
 from arbiter.cluster import load_cluster
 from arbiter.policies import make_policy
-from arbiter.rank import MAX_PHASES, BadWorkClaim, check_claim, measured_rho, time_left
+from arbiter.rank import MAX_PHASES, WORK_FLOOR_BAND, BadWorkClaim, check_claim, measured_rho, time_left
 from arbiter.rounds import InvalidReport, RoundEngine
 from protos.messages import RhoReport, RhoRequest, WorkClaim
 
@@ -193,16 +193,18 @@ def test_measured_rho_time_slices_the_fair_share_below_one_gpu():
                                              time_left=lambda g: shared_time_left(app, g), packed=packed))
 
 
-@pytest.mark.parametrize("work_gpu_s, demand_max", [(5e-324, 4), (1e308, 1)])
-def test_a_claim_whose_ideal_time_is_zero_or_infinite_is_refused_with_the_reason(work_gpu_s, demand_max):
+@pytest.mark.parametrize("work_gpu_s, demand_max, phase", [(5e-324, 4, (0.0, 0.0, 0.0, 0.0, 0.0)),
+                                                          (1e308, 1, GOOD_PHASE)])
+def test_a_claim_whose_ideal_time_is_zero_or_infinite_is_refused_with_the_reason(work_gpu_s, demand_max, phase):
     """T_id = B / min(R_C, demand_max) x N_avg (Eq. 1) divides rho: a B that passes the checks
-    (finite, > 0) can still make it 0 (the smallest double over 4 GPUs underflows) or infinite
-    (overflow), and the arbiter must refuse the claim with the reason (D21), not divide by zero
-    (a ZeroDivisionError in the report handler) or rank the app by inf / inf."""
+    (finite, > 0) can still make it 0 (the smallest double over 4 GPUs underflows; with no work
+    left claimed, D31 has nothing to raise it to) or infinite (overflow), and the arbiter must
+    refuse the claim with the reason (D21), not divide by zero (a ZeroDivisionError in the report
+    handler) or rank the app by inf / inf."""
     engine = _with_a()
     rnd = engine.open_round(500.0)
     with pytest.raises(InvalidReport, match="T_id"):
-        rnd.report("a", _report(WorkClaim(work_gpu_s, demand_max, (GOOD_PHASE,))))
+        rnd.report("a", _report(WorkClaim(work_gpu_s, demand_max, (phase,))))
     rnd.report("a", _report(WorkClaim(1000.0, 4, (GOOD_PHASE,))))  # a good one is still taken
     rnd.abandon()
 
@@ -334,3 +336,27 @@ def test_claims_that_do_not_keep_pace_with_the_gpus_held_are_scaled_to_it(lie):
         ranked[who] = rhos
     assert ranked["liar"][0] > 1.1 * ranked["truth"][0]  # one round: the lie pays
     assert ranked["liar"][1] == pytest.approx(ranked["truth"][1], rel=1e-9)  # watched: it does not
+
+
+def test_a_budget_below_the_work_the_claim_says_is_left_is_raised_to_it():
+    """D31: B is all of the app's work, done and left, so it is at least the work its claim says
+    is left: per phase the slowest job's time at slowdown 1 (GOOD_PHASE: 80 s). A B understated to
+    8 GPU-seconds ranked the app as ten times further behind than it is; now T_id counts 80 over
+    1 + WORK_FLOOR_BAND, and the floor stays when later claims have less left (the most any claim
+    said)."""
+    honest = _with_a()
+    first = honest.open_round(500.0)
+    first.report("a", _report(WorkClaim(80.0 / (1 + WORK_FLOOR_BAND), 4, (GOOD_PHASE,))))
+    truthful = first._reports["a"].rho
+    first.close()
+    liar = _with_a()
+    rnd = liar.open_round(500.0)
+    rnd.report("a", _report(WorkClaim(8.0, 4, (GOOD_PHASE,))))
+    assert rnd._reports["a"].rho == pytest.approx(truthful)
+    rnd.close()
+    later = liar.open_round(600.0)
+    later.report("a", _report(WorkClaim(8.0, 4, ((0.0, 5.0, 10.0, 20.0, 0.0),))))
+    assert liar.work_floor["a"] == 80.0
+    honest_later = honest.open_round(600.0)
+    honest_later.report("a", _report(WorkClaim(80.0 / (1 + WORK_FLOOR_BAND), 4, ((0.0, 5.0, 10.0, 20.0, 0.0),))))
+    assert later._reports["a"].rho == pytest.approx(honest_later._reports["a"].rho)
