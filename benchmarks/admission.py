@@ -29,7 +29,6 @@ Two sets of instances (the same for every rule):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -39,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from machine import machine_info, write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -212,9 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     Console(width=140).print(table)
     result = {"machine": machine_info(), "cases": args.cases, "wall_seconds": time.perf_counter() - started,
               "rules": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    Console(stderr=True).print(f"wrote {args.out}")
+    write_results(args.out, result)
     return 0
 
 

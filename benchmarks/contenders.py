@@ -26,7 +26,6 @@ the offer the auction keeps in expectation (sum of c_i |G_i| / offered), and the
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -36,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from machine import machine_info, write_results
 from offers import fragmented_free
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -168,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     Console(width=160).print(table)
     result = {"machine": machine_info(), "cases": args.cases, "wall_seconds": time.perf_counter() - started,
               "summary": summary, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    Console(stderr=True).print(f"wrote {args.out}")
+    write_results(args.out, result)
     return 0
 
 

@@ -1,7 +1,8 @@
-"""What machine a benchmark ran on, recorded in every results file."""
+"""What machine a benchmark ran on, recorded in every results file, and the file written."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from importlib import metadata
@@ -28,3 +29,12 @@ def machine_info() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             pass
     return info
+
+
+def write_results(out: Path, result: dict[str, Any]) -> None:
+    """``result`` as JSON at ``out`` (its folder made if missing), and a line on stderr saying so."""
+    import sys
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}", file=sys.stderr)
