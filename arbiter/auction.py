@@ -856,14 +856,28 @@ class _ComponentSolver:
             choice = self._milp(skip, None if start is None else _value(self.comp, start, skip))
         value = _value(self.comp, choice)
         if skip is None and start is None:
-            canonical = _search(self.comp, None, None, _CANONICAL_NODES, target=value, prices=self.prices)
+            canonical = self._canonical(value, choice)
             if canonical is not None:
-                return canonical
-            fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_NODES, choice, self.prices)
-            if fixed is not None and _value(self.comp, fixed) == value and self._feasible(fixed):
-                return value, fixed
+                return value, canonical
             self.canonical = False
         return value, choice
+
+    def _canonical(self, value: int, optimum: list[int]) -> list[int] | None:
+        """The canonical allocation worth ``value`` (D16), or None when neither way finds it within
+        its budget. The target search and the fixing return the same allocation when they finish
+        (the least in search order, which is unique), so the order in which they are tried decides
+        only the time: a short target search (most components finish in it), then the fixing, then
+        the rest of the target search's budget."""
+        for nodes in (_SEARCH_NODES, None, _CANONICAL_NODES):
+            if nodes is None:
+                fixed = _canonical_by_fixing(self.comp, value, _CANONICAL_FIXING_NODES, optimum, self.prices)
+                if fixed is not None and _value(self.comp, fixed) == value and self._feasible(fixed):
+                    return fixed
+                continue
+            found = _search(self.comp, None, None, nodes, target=value, prices=self.prices)
+            if found is not None:
+                return found[1]
+        return None
 
     def _feasible(self, choice: Sequence[int]) -> bool:
         used = 0
@@ -880,6 +894,38 @@ def _served_and_log(comp: _Component, choice: Sequence[int], skip: int) -> tuple
     """(apps served, sum of L) over all apps but ``skip``."""
     served = sum(1 for i, r in enumerate(choice) if r >= 0 and i != skip)
     return served, sum(comp.rows[i][r][2] for i, r in enumerate(choice) if r >= 0 and i != skip)
+
+
+def _improved(comp: _Component, choice: Sequence[int], skip: int) -> list[int]:
+    """An allocation without app ``skip`` at least as good as the PF allocation minus ``skip``: each
+    other app in turn moves to its heaviest row that fits in its own GPUs and those left free, until
+    none can. It is the re-solve's starting point: its value is the floor below which the MILP
+    leaves rows out (``_HighsModel.solve``), so a higher floor only makes the re-solve faster; the
+    value the re-solve returns is the optimum either way (on the service's 500-app rounds the floor
+    rose from 100-1,200 weight units below the optimum to 0-200)."""
+    out = [c if j != skip else -1 for j, c in enumerate(choice)]
+    used = 0
+    for j, c in enumerate(out):
+        if c >= 0:
+            used |= comp.rows[j][c][0]
+    moved = True
+    while moved:
+        moved = False
+        for j, rows in enumerate(comp.rows):
+            if j == skip:
+                continue
+            held = rows[out[j]][0] if out[j] >= 0 else 0
+            weight = rows[out[j]][1] if out[j] >= 0 else 0
+            blocked = used & ~held
+            best = -1
+            for r, (mask, w, _, _) in enumerate(rows):
+                if w > weight and not mask & blocked:
+                    best, weight = r, w
+            if best >= 0:
+                used = blocked | rows[best][0]
+                out[j] = best
+                moved = True
+    return out
 
 
 def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[int], workers: int) -> list[float]:
@@ -909,8 +955,7 @@ def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[in
         todo.append(i)
 
     def resolve(i: int) -> tuple[int, float]:
-        start = [c if j != i else -1 for j, c in enumerate(choice)]
-        _, alt = solver.solve(skip=i, start=start)
+        _, alt = solver.solve(skip=i, start=_improved(comp, choice, i))
         served_with, with_i = _served_and_log(comp, choice, skip=i)
         served_without, without_i = _served_and_log(comp, alt, skip=i)
         if served_without > served_with:

@@ -904,13 +904,18 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             log.info("disconnected", extra={"fields": {"app": app}})
 
     async def _read(self, conn: Connection, request_iterator) -> None:
+        """Hands each message to its handler until the agent closes its side. A stream whose last
+        message could not be read ends with INVALID_ARGUMENT and the parser's reason, not OK: the
+        agent may have closed before the Reject reached it (issue 32's framing fuzz)."""
+        unreadable = None
         try:
             async for msg in request_iterator:
                 if conn.ending is not None:
                     continue  # an ended stream speaks no more for the app (drained, not closed: see Connect)
                 conn.last_seen = self.clock()
-                if isinstance(msg, Unparsable):
-                    self._reject(conn.app, INVALID, msg.reason, "message")
+                unreadable = msg.reason if isinstance(msg, Unparsable) else None
+                if unreadable is not None:
+                    self._reject(conn.app, INVALID, unreadable, "message")
                     continue
                 try:
                     self._dispatch(conn.app, msg, conn)
@@ -921,6 +926,9 @@ class ArbiterService(pb_grpc.ArbiterServicer):
             pass
         except Exception as exc:  # whatever gRPC raised while reading: say why the stream ends
             conn.end(StreamEnd("invalid", f"could not read the stream: {type(exc).__name__}: {exc}"))
+        else:
+            if unreadable is not None:
+                conn.end(StreamEnd("invalid", f"the stream ended on a message that could not be read: {unreadable}"))
 
     def _dispatch(self, app: str, msg: pb.AgentMessage, conn: Connection | None = None) -> None:
         kind = msg.WhichOneof("kind")

@@ -25,7 +25,7 @@ from arbiter.service import ArbiterService
 from protos import exits
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
-from tests.service_kit import ADMIN, RawStream, admin_stub, arbiter, cluster_file, credential, wait_for
+from tests.service_kit import ADMIN, RawStream, admin_stub, arbiter, cluster_file, credential, target, wait_for
 from tests.test_service_faults import ArbiterProcess, run, serving
 
 META = [("authorization", f"Bearer {ADMIN}")]
@@ -431,4 +431,41 @@ def test_a_stream_that_closes_before_its_hello_is_told_so_not_ok(tmp_path):
             await stream.close()
             assert code == grpc.StatusCode.INVALID_ARGUMENT and "ended before its Hello" in details, (code, details)
 
+    run(scenario())
+
+
+def test_a_stream_that_ends_on_an_unreadable_message_is_told_so_not_ok(tmp_path):
+    """Issue 32's framing fuzz, after the Hello: bytes that are no AgentMessage, then the client closes.
+    The stream used to end with OK and no reason; now it ends with INVALID_ARGUMENT and the parser's."""
+    async def scenario():
+        async with arbiter(tmp_path) as server:
+            cred = await credential(server, "a")
+            ch = channel(target(server))
+            connect = ch.stream_stream("/themis.v1.Arbiter/Connect", request_serializer=lambda raw: raw,
+                                       response_deserializer=pb.ArbiterMessage.FromString)
+            out: asyncio.Queue = asyncio.Queue()
+
+            async def requests():
+                while (raw := await out.get()) is not None:
+                    yield raw
+
+            call = connect(requests(), metadata=[("authorization", f"Bearer {cred}")])
+            inbox: list[pb.ArbiterMessage] = []
+
+            async def read():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    async for msg in call:
+                        inbox.append(msg)
+
+            reader = asyncio.create_task(read())
+            out.put_nowait(pb.AgentMessage(hello=pb.Hello(app="a", demand=0)).SerializeToString())
+            await wait_for(lambda: any(m.WhichOneof("kind") == "welcome" for m in inbox), 10)
+            out.put_nowait(b"\xff\xff\xff not an AgentMessage")
+            out.put_nowait(None)
+            await wait_for(call.done, 10)
+            code, details = await call.code(), await call.details()
+            await reader
+            await ch.close()
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "could not be read" in details, (code, details)
+            assert "a" not in server.service.conns  # gone, its leases kept for a reconnect
     run(scenario())
