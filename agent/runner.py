@@ -1,6 +1,6 @@
 """The app runner: one tuner, its agent and its jobs, glued together (issue 5; paper Figure 7's AM).
 
-:class:`AppRunner` owns a :class:`~hyperparam_adapters.base.TunerAdapter` (what should run, what
+:class:`AppRunner` owns a :class:`~agent.tuner.TunerAdapter` (what should run, what
 the reports mean), an :class:`~agent.client.AgentClient` (the app's stream to the arbiter: rho
 reports, bids, grants, revocations) and a :class:`~agent.launcher.Launcher` (the job processes),
 plus optionally a :class:`~agent.profiler.Profiler`. Its loop, every ``tick_s`` or as soon as a
@@ -66,11 +66,12 @@ from agent.placement import Position, slowdown_of
 from agent.profiler import Profiler, parse_metrics
 from agent.run_record import PLOT, RunRecord, history, plot
 from agent.search_run import SearchRun
+from agent.termination import ConvergenceRule, LossWatch
 
 if TYPE_CHECKING:
     from agent.trial import TrialSpec
+    from agent.tuner import TunerAdapter
     from arbiter.events import EventBus
-    from hyperparam_adapters.base import TunerAdapter
 
 __all__ = ["AppRunner", "JobReport", "SearchFailed"]
 
@@ -146,6 +147,7 @@ class AppRunner:
         quiet: bool = False,
         record: bool = True,
         clock: Callable[[], float] = time.time,
+        convergence: ConvergenceRule | None = None,
     ) -> None:
         if launcher.report == "mqtt" and bus is None:
             raise ValueError("jobs that publish to MQTT need the runner to follow the bus: pass bus=")
@@ -204,6 +206,9 @@ class AppRunner:
         self._profile_ok = True
         self._context: tuple[float, int] | None = None  # (N_avg, cluster size) of the last rho request
         self._next_rho = 0.0
+        #: D34: the app's convergence rule over its jobs' loss reports; a job it fires for is ended
+        self.watch = LossWatch(convergence) if convergence is not None else None
+        self._said_converged: set[str] = set()
 
         previous_grant, previous_revoke = client.on_grant, client.on_revoke
 
@@ -459,9 +464,10 @@ class AppRunner:
             target = getattr(run.spec, "target_iteration", None)
             # a job that reached its target exits by itself: no SIGTERM into its checkpoint and exit
             at_target = target is not None and run.last_iteration is not None and run.last_iteration >= target
-            self.launcher.stop(job, self.grace_s, reason="tuner", signal_now=not at_target)
-            self._note("stop", job=job, reason="tuner")
-            self._stopped_for[job] = "tuner"
+            why = "converged" if self.watch is not None and job in self.watch.converged_at else "tuner"
+            self.launcher.stop(job, self.grace_s, reason=why, signal_now=not at_target)
+            self._note("stop", job=job, reason=why)
+            self._stopped_for[job] = why
         if self.adapter.finished():
             self._update_demand(0)
             if not self.launcher.live():
@@ -611,10 +617,44 @@ class AppRunner:
         except (KeyError, ValueError) as exc:
             self.rejected += 1
             log.warning("%s: the tuner refused a report of %s: %s", self.app, job, exc)
-            return []
+            stops = []
+            if self.watch is None or job not in self.watch.converged_at:
+                return []
+        if self.watch is not None and job not in stops and self.watch.report(job, m.iteration, loss):
+            stops += [j for j in self._converged(job, m.iteration, loss, m.gpus) if j not in stops]
         for j in stops:
             self._trial_result(j, (m.iteration, loss, extra) if j == job else None)
         return stops
+
+    def _converged(self, job: str, iteration: float, loss: float, gpus: Sequence[Position]) -> list[str]:
+        """D34: the job's losses stopped improving by the app's rule. The tuner is told the trial
+        reached its target with this loss -- the rule's claim is that training on would not have
+        improved it by more than ``min_delta`` -- so it ends as a finished trial (a rung decides on
+        it as on any other); the job is stopped. Returns the jobs to stop."""
+        run = self.launcher.run_of(job)
+        target = getattr(run.spec, "target_iteration", None) if run is not None else None
+        at = max(float(iteration), float(target or 0))
+        first = self._note_converged(job, iteration, loss)
+        try:
+            if self._observe_gpus:
+                stops = list(self.adapter.observe(job, at, loss, None, gpus=gpus))  # type: ignore[call-arg]
+            else:
+                stops = list(self.adapter.observe(job, at, loss, None))
+        except (KeyError, ValueError) as exc:
+            if first:
+                log.warning("%s: the tuner refused the end of converged %s: %s", self.app, job, exc)
+            stops = []
+        return stops + ([job] if job not in stops else [])
+
+    def _note_converged(self, job: str, iteration: float, loss: float) -> bool:
+        """Say once that ``job`` converged (a later run of it is ended at its first report, quietly)."""
+        if job in self._said_converged:
+            return False
+        self._said_converged.add(job)
+        self._note("converged", job=job, iteration=iteration, loss=loss)
+        log.info("%s: %s converged: loss %.4g at iteration %g, no better by the app's rule (%s); ended",
+                 self.app, job, loss, iteration, self.watch.rule.spec() if self.watch else "")
+        return True
 
     def _on_exit(self, exited: JobExit) -> None:
         job = exited.job_id
@@ -759,6 +799,8 @@ class AppRunner:
         stop was decided come after it and are not results); recorded again when its outcome changes
         (a Hyperband trial paused at its rung, then pruned or completed when the rung ends)."""
         outcome = self.adapter.outcome(job) if hasattr(self.adapter, "outcome") else None
+        if self.watch is not None and job in self.watch.converged_at and outcome in (None, "completed", "paused"):
+            outcome = "converged"  # D34: ended by the app's convergence rule (a rung may still prune it)
         first = job not in self._result_said
         if not first and self._result_said[job] == outcome:
             return
@@ -850,6 +892,7 @@ class AppRunner:
             "killed_after_grace": sum(1 for e in history if e.killed),
             "reports": len(self.reports),
             "failed_jobs": sorted(self.failed),
+            "converged_jobs": sorted(self.watch.converged_at) if self.watch is not None else [],
         }
 
 

@@ -103,6 +103,7 @@ class AuctionOutcome:
     canonical: bool = True
     shadows: tuple[str, ...] = ()  # contenders shut out by the big smallest rows of those before them (D25)
     admitted: tuple[str, ...] = ()  # the contenders that took part in the PF allocation (D25)
+    draws: Mapping[str, float] = field(default_factory=dict)  # each PF winner's lottery draw: kept iff < c_i (D15)
 
 
 def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int = MAX_ROWS) -> None:
@@ -1174,7 +1175,8 @@ def run_auction(
         for mask, _, _ in values[app]:
             footprint |= mask
     _shadow_payments(admission, values, {a: sum(gpu_bit[g] for g in gpus) for a, gpus in pf.items()}, footprint, c)
-    granted = {app: pf[app] for app in sorted(pf) if lottery_draw(seed, app) < c[app]}
+    draws = {app: lottery_draw(seed, app) for app in sorted(pf)}
+    granted = {app: pf[app] for app in sorted(pf) if draws[app] < c[app]}
     used = frozenset().union(*granted.values()) if granted else frozenset()
     return AuctionOutcome(
         pf=pf,
@@ -1187,4 +1189,5 @@ def run_auction(
         canonical=canonical,
         shadows=admission.shadows,
         admitted=admission.admitted,
+        draws=draws,
     )

@@ -166,6 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
         rank=args.rank, reclaim=args.reclaim, idle_s=args.idle_s, profiles=tuple(Path(p) for p in args.profiles),
+        admission=args.admission, http=args.http,
         limits=_limits(args.limit),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -194,6 +195,17 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
 
     print(asyncio.run(issue_token(args.arbiter, args.app, _admin_token(args), model=args.model or "",
                                   tls_ca=_tls_ca(args))))
+    return 0
+
+
+def cmd_viewer_token(args: argparse.Namespace) -> int:
+    """``issue-viewer-token NAME`` prints a new dashboard token; ``revoke-viewer-token NAME`` ends
+    every token of that name."""
+    from protos.rpc import viewer_token
+
+    revoke = args.command == "revoke-viewer-token"
+    reply = asyncio.run(viewer_token(args.arbiter, args.name, _admin_token(args), revoke=revoke, tls_ca=_tls_ca(args)))
+    print(f"revoked {reply.revoked} viewer token(s) of {reply.name}" if revoke else reply.token)
     return 0
 
 
@@ -329,10 +341,14 @@ def _print_status(state: dict) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The demo lives a floor up (``themis_demo``, issue 12 item 7): it needs the agents too."""
-    from themis_demo.service import run_demo
+    """The demo lives a layer up (``themis_demo``): it needs the agents too, so it runs as its own
+    program (``python -m themis_demo.service``) and the arbiter package imports nothing above it."""
+    import subprocess
 
-    return run_demo(seconds=args.seconds, mqtt=args.mqtt)
+    argv = [sys.executable, "-m", "themis_demo.service", "--seconds", str(args.seconds)]
+    if args.mqtt:
+        argv += ["--mqtt", args.mqtt]
+    return subprocess.run(argv).returncode
 
 
 def _scontrol_nodes(args: argparse.Namespace) -> str | None:
@@ -425,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-reclaim", dest="reclaim", action="store_const", const=False, default=None,
                    help="let every lease run to its end; by default a round ends the leases an app holds "
                         "beyond its fair share while an app that holds nothing waits (D27)")
+    s.add_argument("--admission", metavar="NAME[:ARG]",
+                   help="an admission policy in front of the policy (D33): accept-all (default) or fifo:X -- apps "
+                        "are let in in arrival order while the admitted apps want at most X times the cluster's "
+                        "GPUs; the others wait, asked nothing and granted nothing, their rho counting")
     s.add_argument("--idle", type=float, dest="idle_s",
                    help="seconds an app with no agent connected and nothing held stays counted in N_avg "
                         "before it goes idle (default: the lease and a minute)")
@@ -443,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--tls-cert", help="PEM certificate chain; with --tls-key the server speaks TLS: gRPC (agents "
                                       "and admin calls) and the metrics (HTTPS)")
     s.add_argument("--tls-key", help="PEM private key")
+    s.add_argument("--http", metavar="HOST:PORT",
+                   help="serve the web dashboard and its JSON API here (e.g. 127.0.0.1:8080); off loopback it "
+                        "asks for viewer tokens (issue-viewer-token) and uses --tls-cert/--tls-key when given")
     s.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     s.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
                    help="json: one object per line (a service's log); human: a line for a person; auto (default): "
@@ -465,10 +488,16 @@ def main(argv: list[str] | None = None) -> int:
     ss = sub.add_parser("slurm-sync", help="drain the machines Slurm reports drained, down or failing (admin)")
     ss.add_argument("--from", dest="from_file", help="read saved `scontrol --oneliner show nodes` output instead")
     ss.set_defaults(func=cmd_slurm_sync)
+    vt = sub.add_parser("issue-viewer-token", help="a token that reads the web dashboard off loopback (admin)")
+    vt.add_argument("name", help="who it is for (a person or a script; not an app)")
+    vr = sub.add_parser("revoke-viewer-token", help="end every dashboard token of NAME at once (admin)")
+    vr.add_argument("name")
+    for v in (vt, vr):
+        v.set_defaults(func=cmd_viewer_token)
     st = sub.add_parser("status", help="cluster, apps and recent rounds of a running arbiter (admin)")
     st.add_argument("--rounds", type=int, default=5)
     st.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    for p in (t, dr, ss, rm, rv, st):
+    for p in (t, dr, ss, rm, rv, vt, vr, st):
         p.add_argument("--arbiter", default=DEFAULT_TARGET)
         p.add_argument("--admin-token")
         p.add_argument("--db", default="themis-arbiter.db", help="find the admin token next to this journal")

@@ -4,7 +4,8 @@ Time is a number the caller passes in. The simulator drives the engine with a vi
 service with the wall clock; both go through the same steps (paper 4.2.2, Figure 7):
 
 1. :meth:`RoundEngine.open_round` expires leases, collects the free GPUs and asks every active
-   app with unmet demand for its current rho (:class:`RhoRequest`, carrying N_avg, D5; D6);
+   app with unmet demand for its current rho (:class:`RhoRequest`, carrying N_avg, D5; D6) --
+   every app the admission policy has let in (``arbiter.admission``, D33; by default all);
 2. :meth:`OpenRound.report` takes each :class:`RhoReport` (rho and the app's current demand);
 3. :meth:`OpenRound.offers` filters the worst apps (the policy; D6) and makes their offers;
 4. :meth:`OpenRound.bid` validates each bid (D7); a bad bid is rejected with a reason and that app
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
+from arbiter.admission import AdmissionContext, AdmissionPolicy, WaitingApp, make_admission
 from arbiter.auction import RHO_MAX, RHO_MIN, InvalidBid, keep_best_locality, validate_bid
 from arbiter.cluster import Cluster
 from arbiter.leases import Lease, LeaseTable
@@ -78,6 +80,7 @@ class RoundResult:
     granted_by: Mapping[str, int] = field(default_factory=dict)  # GPUs per source (Decision.granted_by)
     seed: str = ""  # the round's seed, every draw's source (D24): revealed once the round has closed
     commitment: str = ""  # SHA-256 of ``seed``, sent with the rho requests before anyone bid (D24)
+    waiting: tuple[str, ...] = ()  # apps not admitted yet as the round opened, longest waiting first (D33)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class EngineState:
     drained: frozenset[str] = frozenset()
     added_machines: tuple[tuple[str, str, int, int], ...] = ()
     idle: frozenset[str] = frozenset()  # apps gone quiet: not counted in N_avg, not asked (the service)
+    waiting: frozenset[str] = frozenset()  # apps the admission policy has not let in yet (D33)
 
 
 class AgentPort(Protocol):
@@ -146,6 +150,7 @@ class RoundEngine:
         rank: str = "reported",
         secret: bytes | None = None,
         reclaim: bool = True,
+        admission: AdmissionPolicy | None = None,
     ):
         check_rank(rank)
         if not lease_s > 0:
@@ -189,6 +194,11 @@ class RoundEngine:
         self.pace: dict[str, Pace] = {}
         #: D31: the most work (GPU-seconds) each app ranked by its work has claimed to have left
         self.work_floor: dict[str, float] = {}
+        #: D33: who is let in (Blox's admission block; accept-all by default). A waiting app counts
+        #: in N_avg from its arrival but is not asked, offered, granted or reclaimed for.
+        self.admission = admission or make_admission()
+        self.waiting: set[str] = set()
+        self.admitted_at: dict[str, float] = {}  # when each app was let in (reporting only)
 
     # -- durable state and a changing cluster ------------------------------------------------
 
@@ -205,6 +215,7 @@ class RoundEngine:
             drained=frozenset(self.drained),
             added_machines=tuple(self.added_machines),
             idle=frozenset(self.idle),
+            waiting=frozenset(self.waiting),
         )
 
     def restore(self, state: EngineState) -> None:
@@ -234,6 +245,7 @@ class RoundEngine:
         self.leases = LeaseTable(state.leases)
         self.drained = set(state.drained) & set(self.cluster.machines)
         self.idle = set(state.idle) & set(self.apps)
+        self.waiting = set(state.waiting) & set(self.apps)
 
     def add_machine(self, rack: str, gpus: int, slots: int, now: float) -> str:
         """Grow the cluster by one machine; its GPUs are free at once (a resource-available
@@ -303,7 +315,9 @@ class RoundEngine:
             self.set_slowdown(app, slowdown)
         self._advance(now)
         self.apps[app] = _AppState(now, self._contention)
-        if self.free_gpus() or self.borrowed():
+        self.waiting.add(app)
+        self._admit(now)
+        if app not in self.waiting and (self.free_gpus() or self.borrowed()):
             self._note(now)
 
     def set_slowdown(self, app: str, slowdown: tuple[float, float, float, float] | None) -> None:
@@ -330,8 +344,11 @@ class RoundEngine:
         self.pace.pop(app, None)
         self.work_floor.pop(app, None)
         self.idle.discard(app)
+        self.waiting.discard(app)
+        self.admitted_at.pop(app, None)
         freed = self.leases.release(app)
-        if freed:
+        admitted = self._admit(now)
+        if freed or admitted:
             self._note(now)
         return freed
 
@@ -381,6 +398,10 @@ class RoundEngine:
         before = state.demand
         held = len(self.leases.held_by(app))
         state.said(demand, held)
+        if self._admit(now) and (self.free_gpus() or self.borrowed()):
+            self._note(now)
+        if app in self.waiting:
+            return
         if demand > held and (before is None or before <= held or demand > before) and (
                 self.free_gpus() or (not held and self.borrowed())):
             self._note(now)
@@ -412,10 +433,38 @@ class RoundEngine:
         elif app in self.idle:
             self.idle.discard(app)
             self.note_ready(app, now)
+        if self._admit(now):
+            self._note(now)
+
+    # -- admission (D33) -------------------------------------------------------------------
+
+    def waiting_apps(self) -> list[str]:
+        """The apps waiting for admission, longest waiting first (arrival, then name)."""
+        return sorted(self.waiting, key=lambda a: (self.apps[a].arrived, a))
+
+    def _admit(self, now: float) -> list[str]:
+        """Let in the waiting apps the admission policy admits now (D33); returns them. Apps gone
+        quiet neither wait in line nor count as admitted."""
+        if not self.waiting:
+            return []
+        line = [WaitingApp(a, self.apps[a].arrived, self.apps[a].demand)
+                for a in self.waiting_apps() if a not in self.idle]
+        inside = [s for a, s in self.apps.items() if a not in self.waiting and a not in self.idle]
+        ctx = AdmissionContext(self.cluster.size, sum(s.demand or 0 for s in inside), len(inside))
+        chosen = self.admission.admit(line, ctx) if line else []
+        strays = sorted(set(chosen) - {w.app for w in line})
+        if strays:
+            raise RuntimeError(f"admission policy {self.admission.name} admitted apps that were not waiting: "
+                               f"{strays[:5]}")
+        for app in chosen:
+            self.waiting.discard(app)
+            self.admitted_at[app] = now
+        return chosen
 
     def starving(self) -> list[str]:
         """The apps that hold nothing and want GPUs (or have not said what they want), by name."""
-        return sorted(a for a in self.apps if not self.leases.held_by(a) and self.wants_more(a) and a not in self.idle)
+        return sorted(a for a in self.apps if not self.leases.held_by(a) and self.wants_more(a) and a not in self.idle
+                      and a not in self.waiting)
 
     def borrowed(self) -> list[Lease]:
         """D27: the leases a round opening now would end early, so that the apps that hold nothing
@@ -438,7 +487,7 @@ class RoundEngine:
         starving = [a for a in self.starving() if a not in self.reclaimed_for]
         if not starving:
             return []
-        share = self.cluster.size / len(self.apps)
+        share = self.cluster.size / (len(self.apps) - len(self.waiting))  # D33: among the admitted apps
         per_app = max(1, math.floor(share))
         need = sum(min(per_app, max(1, self.apps[a].demand or per_app)) for a in starving) - len(self.free_gpus())
         if need <= 0:
@@ -493,6 +542,7 @@ class RoundEngine:
         if self._open is not None:
             raise RuntimeError(f"round {self._open.round_id} is still open")
         self._advance(now)
+        self._admit(now)
         ran_out = self.leases.expire(now)
         reclaimed = self.borrowed()
         starving = set(self.starving())
@@ -554,6 +604,7 @@ class OpenRound:
         self.seed = engine.seeds.of(round_id)  # D24: every draw of the round comes from it
         self.commitment = commitment(self.seed)
         self.free = engine.free_gpus()
+        self.waiting = tuple(engine.waiting_apps())  # D33: after this round's admission
         previous: dict[str, set[str]] = {}
         for lease in expired:
             if lease.app in engine.apps:
@@ -580,7 +631,7 @@ class OpenRound:
                 self.commitment,
             )
             for app in sorted(engine.apps)
-            if engine.wants_more(app) and app not in engine.idle
+            if engine.wants_more(app) and app not in engine.idle and app not in engine.waiting
         ]
         # D21: what each app is asked on -- the GPUs it held as the round opened, its N_avg, the
         # cluster's size -- which a measured rank uses too, as the agent's claim does: an app that
@@ -813,6 +864,7 @@ class OpenRound:
                 granted_by=decision.granted_by() if decision else {},
                 seed=self.seed,
                 commitment=self.commitment,
+                waiting=self.waiting,
             )
         except BaseException:
             self._undo(made)  # a failed round grants nothing and takes nothing away

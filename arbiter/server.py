@@ -19,9 +19,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from arbiter.admission import make_admission
 from arbiter.cluster import load_cluster
 from arbiter.events import arbiter_status_topic, make_bus
 from arbiter.limits import Limits
+from arbiter.profiles import model_slowdowns
 from arbiter.rounds import RoundEngine
 from arbiter.service import ArbiterService, ParseGuard, Settings, new_secret
 from arbiter.service_metrics import ServiceMetrics
@@ -78,19 +80,16 @@ class ServerConfig:
     rank: str | None = None
     reclaim: bool | None = None
     idle_s: float | None = None
+    # D33: the admission policy in front of the policy, NAME[:ARG] (None: accept-all); given at each
+    # start, not journaled (the apps waiting are)
+    admission: str | None = None
     # slowdown tables added to the shipped one (agent/profiles/slowdowns.toml's form): the models
     # IssueToken may bind an app to (D21)
     profiles: tuple[Path, ...] = ()
     limits: Limits = field(default_factory=Limits)  # bounds before and around authentication (issue 32)
-
-
-def model_slowdowns(extra: tuple[Path, ...] = ()) -> dict[str, tuple[float, float, float, float]]:
-    """Model -> placement slowdowns: the shipped profile table, the tables in THEMIS_PROFILES and
-    ``extra`` (later files replace a model only where they say ``override = true``). An admin binds
-    an app to one of these models when issuing its token (D21)."""
-    from agent.placement import profiles_with
-
-    return {name: profile.slowdown for name, profile in profiles_with(*extra).items()}
+    # the web dashboard and its JSON API (arbiter.dashboard), "HOST:PORT"; None: not served. Off
+    # loopback it asks for viewer tokens, and it speaks TLS when the gRPC side does
+    http: str | None = None
 
 
 def admin_token_for(config: ServerConfig) -> str:
@@ -116,6 +115,7 @@ class ArbiterServer:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task] = []
         self._metrics_http = None
+        self.dashboard = None  # arbiter.dashboard.server.Dashboard, with ServerConfig.http
         self._lock: int | None = None  # the journal's lock (arbiter.store.lock_journal)
 
     async def start(self) -> int:
@@ -145,7 +145,8 @@ class ArbiterServer:
         settings.check()
         engine = RoundEngine(cluster, settings.policy_object(), lease_s=settings.lease_s,
                              coalesce_s=settings.coalesce_s, expiry_window_s=settings.expiry_window_s,
-                             rank=settings.rank, secret=store.lottery_secret(), reclaim=settings.reclaim)
+                             rank=settings.rank, secret=store.lottery_secret(), reclaim=settings.reclaim,
+                             admission=make_admission(config.admission))
         if loaded is not None:
             engine.restore(loaded[0])
             log.info("journal restored", extra={"fields": {
@@ -184,14 +185,32 @@ class ArbiterServer:
         if config.metrics_port is not None:
             self._metrics_http = metrics.serve(config.metrics_port, config.metrics_host,
                                                tls=(config.tls_cert, config.tls_key) if tls else None)
+        if config.http is not None:
+            self.dashboard = await self._serve_dashboard(config, service, settings)
         self._tasks = [asyncio.create_task(service.run_rounds()), asyncio.create_task(service.heartbeats()),
                        asyncio.create_task(self._watch_health(health_servicer))]
         if config.mqtt:
             self._tasks.append(asyncio.create_task(service.sweep_retained()))
         log.info("serving", extra={"fields": {"address": f"{config.host}:{self.port}", "cluster": cluster.name,
                                               "gpus": cluster.size, "db": str(config.db),
-                                              "mqtt": config.mqtt or "in-memory", **asdict(settings)}})
+                                              "mqtt": config.mqtt or "in-memory", **asdict(settings),
+                                              "admission": engine.admission.spec()}})
         return self.port
+
+    async def _serve_dashboard(self, config: ServerConfig, service: ArbiterService, settings: Settings):
+        """The page and its API in this event loop, fed by a sink of the service's events."""
+        from arbiter.dashboard.access import store_verifier, tls_context
+        from arbiter.dashboard.live import DashboardSink
+        from arbiter.dashboard.server import start
+
+        host, port = split_http(config.http)
+        sink = DashboardSink(service.engine, asdict(settings), title=f"Themis: {service.cluster}",
+                             bound_model_of=service.models.get, connected=lambda app: app in service.conns)
+        service.publisher.attach(sink)
+        tls = tls_context(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None
+        dashboard = await start(host, port, sink.source, verify=store_verifier(service.store), ssl_context=tls)
+        log.info("dashboard", extra={"fields": {"url": dashboard.url}})
+        return dashboard
 
     async def _watch_health(self, servicer) -> None:
         """Health follows the service (issue 12, item 5): NOT_SERVING while the journal fails, and
@@ -232,6 +251,9 @@ class ArbiterServer:
             await self._server.stop(grace)
         if self._metrics_http is not None:
             self._metrics_http[0].shutdown()
+        if self.dashboard is not None:
+            await self.dashboard.stop()
+            self.dashboard = None
         if self.service is not None:
             await self.service.bus.stop()
             self.service.store.close()
@@ -260,6 +282,14 @@ class ArbiterServer:
     async def wait(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+def split_http(spec: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) of ``serve --http``, checked."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--http {spec!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0-65535)")
+    return host.strip("[]"), int(port)
 
 
 def _tls_pair(cert: Path, key: Path) -> tuple[bytes, bytes]:

@@ -32,6 +32,8 @@ class ServiceMetrics:
         self.idle = Gauge("themis_gpus_idle", "Free GPUs nobody got in the last round", registry=r)
         self.leases = Gauge("themis_leases", "GPUs under lease", registry=r)
         self.connected = Gauge("themis_connected_agents", "Agents with an open stream", registry=r)
+        self.waiting = Gauge("themis_apps_waiting_admission", "Apps the admission policy had not let in as the "
+                             "last round opened (D33)", registry=r)
         self.rejected = Counter("themis_rejected_messages", "Messages from agents that were rejected",
                                 ["what"], registry=r)
         self.refused = Counter("themis_refused_streams", "Agent streams ended before their Welcome, by status "
@@ -72,6 +74,7 @@ class ServiceMetrics:
         self.idle.set(len(result.idle))
         self.leases.set(leases)
         self.connected.set(connected)
+        self.waiting.set(len(result.waiting))
 
     def observe_apps(self, apps: Mapping[str, tuple[float, int]], result: RoundResult | None = None) -> None:
         """``apps``: app -> (rho after the round, GPUs held)."""

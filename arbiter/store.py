@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 CREATE TABLE IF NOT EXISTS rounds (round_id INTEGER PRIMARY KEY, now REAL NOT NULL, summary TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS models (app TEXT PRIMARY KEY, model TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS viewers (hash TEXT PRIMARY KEY, name TEXT NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS departed (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, app TEXT NOT NULL, arrived REAL NOT NULL, left REAL NOT NULL,
     why TEXT NOT NULL, last_rho REAL, gpu_seconds REAL NOT NULL
@@ -120,6 +121,7 @@ class Store:
         #: token hashes revoked in memory whose deletion the journal could not write yet: refused
         #: all the same, and deleted when a write succeeds again (:meth:`flush`)
         self._revoked: dict[str, str] = {}
+        self._revoked_viewers: set[str] = set()  # viewer token hashes whose deletion is not written yet
         version = self._meta("schema_version")
         if version is None:
             self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
@@ -219,6 +221,7 @@ class Store:
             "drained": sorted(state.drained),
             "added_machines": [list(m) for m in state.added_machines],
             "idle": sorted(state.idle),
+            "waiting": sorted(state.waiting),  # D33
             "settings": dict(settings),
         }
         with self._transaction() as cur:
@@ -283,6 +286,7 @@ class Store:
             drained=frozenset(meta.get("drained", ())),
             added_machines=tuple(tuple(m) for m in meta.get("added_machines", ())),
             idle=frozenset(meta.get("idle", ())),
+            waiting=frozenset(meta.get("waiting", ())),
         )
         return state, meta.get("settings", {})
 
@@ -371,6 +375,40 @@ class Store:
     def models(self) -> dict[str, str]:
         """App -> model for every app an admin bound to one."""
         return dict(self.db.execute("SELECT app, model FROM models"))
+
+    # -- viewer tokens (the dashboard) -------------------------------------------------------
+
+    def add_viewer(self, token: str, name: str) -> None:
+        """A token that lets ``name`` read the dashboard off loopback (and nothing else): kept apart
+        from the apps' tokens, so a viewer is never counted, registered or revoked as an app."""
+        with self._transaction() as cur:
+            cur.execute("INSERT INTO viewers VALUES (?, ?, ?)", (token_hash(token), name, time.time()))
+
+    def viewer(self, token: str) -> str | None:
+        """The viewer a token was issued to, or None (unknown or revoked)."""
+        digest = token_hash(token)
+        if digest in self._revoked_viewers:
+            return None
+        row = self.db.execute("SELECT name FROM viewers WHERE hash = ?", (digest,)).fetchone()
+        return row[0] if row else None
+
+    def revoke_viewer(self, name: str) -> int:
+        """Every viewer token of ``name``; returns how many. Refused from now on even when the
+        deletion cannot be written (then the StoreError says a restart would accept them again)."""
+        hashes = [h for (h,) in self.db.execute("SELECT hash FROM viewers WHERE name = ?", (name,))]
+        self._revoked_viewers.update(hashes)
+        try:
+            with self._transaction() as cur:
+                count = cur.execute("DELETE FROM viewers WHERE name = ?", (name,)).rowcount
+        except StoreError as exc:
+            raise StoreError(f"{exc}; the viewer's {len(hashes)} token(s) are refused from now on, but a "
+                             "restart before the journal can be written would accept them again") from None
+        self._revoked_viewers.difference_update(hashes)
+        return count
+
+    def viewers(self) -> list[str]:
+        """The names holding viewer tokens."""
+        return [name for (name,) in self.db.execute("SELECT DISTINCT name FROM viewers ORDER BY name")]
 
     def open_tokens(self, app: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM tokens WHERE app = ? AND kind = 'registration'",

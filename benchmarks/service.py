@@ -286,6 +286,26 @@ def stats(values: Sequence[float]) -> dict[str, float | None]:
             "mean": statistics.fmean(values) if values else None}
 
 
+_DASHBOARD_MESSAGES: dict[int, int] = {}
+
+
+async def follow_dashboard(api: str) -> None:
+    """One open dashboard page, as the arbiter sees it: the page's first reads, then its live stream
+    (server-sent events) read to the end; the messages it got are counted."""
+    import aiohttp
+
+    key = len(_DASHBOARD_MESSAGES)
+    _DASHBOARD_MESSAGES[key] = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as session:
+        for path in ("/cluster", "/apps", "/rounds", "/fairness", "/events", "/settings"):
+            async with session.get(api + path) as reply:
+                await reply.read()
+        async with session.get(api + "/stream") as reply:
+            async for line in reply.content:
+                if line.startswith(b"event:"):
+                    _DASHBOARD_MESSAGES[key] += 1
+
+
 async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: Path) -> dict[str, Any]:
     port = free_port()
     target = f"127.0.0.1:{port}"
@@ -295,6 +315,9 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
            "--fairness-knob", str(args.fairness_knob), "--report-timeout", str(args.report_timeout),
            "--bid-timeout", str(args.bid_timeout), "--max-contenders", str(args.max_contenders),
            "--log-level", args.log_level]
+    http_port = free_port() if args.dashboards else None
+    if http_port is not None:
+        cmd += ["--http", f"127.0.0.1:{http_port}"]
     with log.open("wb") as log_file:
         arbiter = subprocess.Popen(cmd, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
     workers: list[subprocess.Popen] = []
@@ -325,6 +348,8 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         connect_s = time.perf_counter() - connect_started
         console.print(f"  all connected in {connect_s:.1f} s; warming up {args.warmup:.0f} s, then measuring "
                       f"{args.seconds:.0f} s")
+        viewers = [asyncio.create_task(follow_dashboard(f"http://127.0.0.1:{http_port}/api/v1"))
+                   for _ in range(args.dashboards)]
         await asyncio.sleep(args.warmup)
         t0, cpu0, busy0 = time.time(), cpu_seconds(arbiter.pid), machine_busy()
         clients0 = sum(cpu_seconds(w.pid) for w in workers)
@@ -334,6 +359,13 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
         clients1 = sum(cpu_seconds(w.pid) for w in workers)
         load = os.getloadavg()
         probed = await probes
+        failed = [v.exception() for v in viewers if v.done() and not v.cancelled() and v.exception()]
+        if failed:
+            raise SystemExit(f"a dashboard page stopped following the arbiter: {failed[0]!r}")
+        for viewer in viewers:
+            viewer.cancel()
+        await asyncio.gather(*viewers, return_exceptions=True)
+        dashboard_messages = sum(_DASHBOARD_MESSAGES.values())
         memory = memory_mb(arbiter.pid)
         history = (await admin_call(target, "RoundHistory", pb.RoundHistoryRequest(limit=10_000))).rounds
         apps_end = (await admin_call(target, "ListApps", pb.ListAppsRequest())).apps
@@ -375,6 +407,8 @@ async def run_one(n: int, args: argparse.Namespace, console: Console, workdir: P
     window = t1 - t0
     return {
         "apps": n,
+        "dashboards": args.dashboards,
+        "dashboard_messages": dashboard_messages if args.dashboards else 0,
         "window_s": window,
         "register_s": register_s,
         "connect_s": connect_s,
@@ -489,6 +523,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--churn", type=float, default=60.0,
                         help="mean seconds between job ends (one GPU given back) per app holding GPUs; 0: none")
     parser.add_argument("--cluster", default="sim-256")
+    parser.add_argument("--dashboards", type=int, default=0,
+                        help="serve the web dashboard (--http) with this many pages following its live stream")
     parser.add_argument("--client-procs", type=int, default=2, help="client processes the apps are spread over")
     parser.add_argument("--log-level", default="WARNING", help="the arbiter's log level")
     parser.add_argument("--seed", type=int, default=1)

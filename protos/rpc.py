@@ -43,3 +43,12 @@ async def issue_token(target: str, app: str, admin_token: str, *, tls_ca: bytes 
         reply = await pb_grpc.ArbiterStub(ch).IssueToken(pb.IssueTokenRequest(app=app, model=model),
                                                          metadata=bearer(admin_token), timeout=10)
     return reply.token
+
+
+async def viewer_token(target: str, name: str, admin_token: str, *, revoke: bool = False,
+                       tls_ca: bytes | None = None) -> pb.ViewerTokenReply:
+    """An admin's dashboard viewer token for ``name`` (or, with ``revoke``, the end of all of them)."""
+    async with channel(target, tls_ca) as ch:
+        stub = pb_grpc.ArbiterStub(ch)
+        call = stub.RevokeViewerToken if revoke else stub.IssueViewerToken
+        return await call(pb.ViewerTokenRequest(name=name), metadata=bearer(admin_token), timeout=10)

@@ -533,6 +533,22 @@ class RemoveAppRequest(_message.Message):
     app: str
     def __init__(self, app: _Optional[str] = ...) -> None: ...
 
+class ViewerTokenRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ViewerTokenReply(_message.Message):
+    __slots__ = ("name", "token", "revoked")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    token: str
+    revoked: int
+    def __init__(self, name: _Optional[str] = ..., token: _Optional[str] = ..., revoked: _Optional[int] = ...) -> None: ...
+
 class RevokeCredentialRequest(_message.Message):
     __slots__ = ("app",)
     APP_FIELD_NUMBER: _ClassVar[int]

@@ -99,6 +99,16 @@ class ArbiterStub:
                 request_serializer=themis__pb2.RevokeCredentialRequest.SerializeToString,
                 response_deserializer=themis__pb2.AppState.FromString,
                 _registered_method=True)
+        self.IssueViewerToken = channel.unary_unary(
+                '/themis.v1.Arbiter/IssueViewerToken',
+                request_serializer=themis__pb2.ViewerTokenRequest.SerializeToString,
+                response_deserializer=themis__pb2.ViewerTokenReply.FromString,
+                _registered_method=True)
+        self.RevokeViewerToken = channel.unary_unary(
+                '/themis.v1.Arbiter/RevokeViewerToken',
+                request_serializer=themis__pb2.ViewerTokenRequest.SerializeToString,
+                response_deserializer=themis__pb2.ViewerTokenReply.FromString,
+                _registered_method=True)
 
 
 class ArbiterServicer:
@@ -193,6 +203,20 @@ class ArbiterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueViewerToken(self, request, context):
+        """Admin: a token that lets a person or a script read the web dashboard (serve --http) off
+        loopback, and nothing else; revoking ends every viewer token of that name at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeViewerToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArbiterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +284,16 @@ def add_ArbiterServicer_to_server(servicer, server):
                     servicer.RevokeCredential,
                     request_deserializer=themis__pb2.RevokeCredentialRequest.FromString,
                     response_serializer=themis__pb2.AppState.SerializeToString,
+            ),
+            'IssueViewerToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueViewerToken,
+                    request_deserializer=themis__pb2.ViewerTokenRequest.FromString,
+                    response_serializer=themis__pb2.ViewerTokenReply.SerializeToString,
+            ),
+            'RevokeViewerToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeViewerToken,
+                    request_deserializer=themis__pb2.ViewerTokenRequest.FromString,
+                    response_serializer=themis__pb2.ViewerTokenReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -613,6 +647,60 @@ class Arbiter:
             '/themis.v1.Arbiter/RevokeCredential',
             themis__pb2.RevokeCredentialRequest.SerializeToString,
             themis__pb2.AppState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueViewerToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/themis.v1.Arbiter/IssueViewerToken',
+            themis__pb2.ViewerTokenRequest.SerializeToString,
+            themis__pb2.ViewerTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeViewerToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/themis.v1.Arbiter/RevokeViewerToken',
+            themis__pb2.ViewerTokenRequest.SerializeToString,
+            themis__pb2.ViewerTokenReply.FromString,
             options,
             channel_credentials,
             insecure,

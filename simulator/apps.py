@@ -23,6 +23,7 @@ from agent.appsched import (
     SuccessiveHalvingApp,
 )
 from agent.placement import Slowdown
+from agent.termination import ConvergenceRule, LossWatch
 from simulator.workload import AppSpec
 
 STOP_TOLERANCE = 0.01  # a curve-stopping job stops when its fitted loss is this close to its floor
@@ -128,6 +129,34 @@ def build_app(spec: AppSpec, slowdown: Slowdown) -> AppScheduler:
         )
     app.losses = SimulatedLosses(curves, iter_times)
     return app
+
+
+def converge_points(app: AppScheduler, spec: AppSpec, rule: ConvergenceRule) -> dict[str, float]:
+    """Where loss-based termination (D34) ends each job of a ``fixed`` or ``successive_halving``
+    app: the first of its loss reports -- 20 over the most it can train (:func:`report_every`), as
+    a 20-epoch job reports once per epoch -- at which ``rule`` says its simulated curve stopped
+    improving. Jobs it never ends are left out. The simulator ends a job there (its app learns it
+    only then, as a real app would); the curves are noise-free, so the rule sees exactly the curve.
+    Curve-stopping apps are not in it: they stop their jobs themselves (D4)."""
+    if isinstance(app, CurveStoppingApp):
+        return {}
+    out = {}
+    for job in spec.jobs:
+        most = sum(spec.phase_iterations) if spec.kind == "successive_halving" else job.iterations
+        step = report_every(most)
+        watch = LossWatch(rule)
+        k = step
+        while k < most:
+            if watch.report(job.job_id, k, app.losses.curves[job.job_id].loss(k)):
+                out[job.job_id] = k
+                break
+            k += step
+    return out
+
+
+def report_every(iterations: float) -> float:
+    """Iterations between the loss reports of a job that trains at most ``iterations`` (20 reports)."""
+    return max(1.0, math.ceil(iterations / 20))
 
 
 def checkpoint_every(spec: AppSpec) -> float:

@@ -5,6 +5,7 @@
     themis-sim experiment fig9 --out results/fig9
     themis-sim strategic --strategy overreport-spread --levels 0,20,40 --out results/lying
     themis-sim pool fig16 --out results/fig16-all results/fig16-a/fig16.json results/fig16-b/fig16.json
+    themis-sim run --workload workload2 --record-rounds --out results/w2 && themis-sim view results/w2
 
 Every run writes ``summary.json``; compare and the experiments also write PNG plots. Every command
 takes ``--plugin FILE_OR_MODULE`` (repeatable) to add policies, workloads or strategies from
@@ -393,6 +394,90 @@ def _add_fresh(p: argparse.ArgumentParser) -> None:
                         "arguments and code (more seeds, or a resumed run, otherwise cost only the missing runs)")
 
 
+def _add_blocks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--admission", default=None, metavar="NAME[:ARG]",
+                   help="an admission policy in front of the policy (D33): accept-all (what runs without the "
+                        "flag) or fifo:X (apps admitted in arrival order while the admitted apps want at most X "
+                        "times the cluster's GPUs; the others wait, their rho counting); adds its numbers to "
+                        "summary.json")
+    p.add_argument("--converge", default=None, metavar="MIN_DELTA:PATIENCE[:abs]",
+                   help="loss-based termination (D34): end a job once its last PATIENCE loss reports improved "
+                        "on its best by at most MIN_DELTA (a share of the loss, or absolute with :abs), e.g. "
+                        "0.01:3; adds its numbers to summary.json")
+
+
+def _blocks(args: argparse.Namespace) -> dict[str, Any]:
+    """The admission policy and convergence rule, named only when given (kept runs stay keyed as before)."""
+    out = {}
+    if getattr(args, "admission", None) is not None:
+        from arbiter.admission import make_admission
+
+        make_admission(args.admission)  # a bad name fails now, not in a worker
+        out["admission"] = args.admission
+    if getattr(args, "converge", None) is not None:
+        from agent.termination import ConvergenceRule
+
+        ConvergenceRule.parse(args.converge)
+        out["convergence"] = args.converge
+    return out
+
+
+def _add_contention(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--contention", default=None, metavar="FILE",
+                   help="network contention between jobs that share machines (D35): a contention table (CSV of "
+                        "DeepShare's form, agent/profiles/contention_deepshare.csv) or 'deepshare' for that one; "
+                        "each job runs at its placement speed times its ratio; adds mean_contention_ratio")
+    p.add_argument("--preempt-at", type=float, default=None, metavar="RATIO",
+                   help="with --contention: preempt a job whose contention ratio falls to RATIO or below "
+                        "(DeepShare: 0.6); its app asks for GPUs again after one lease")
+
+
+def _contention(args: argparse.Namespace) -> dict[str, Any]:
+    """The contention table and preemption ratio, named only when given (kept runs stay keyed as before)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "contention", None) is not None:
+        from agent.contention import load_table
+
+        load_table(args.contention)  # a bad file fails now, not in a worker
+        out["contention"] = args.contention
+    if getattr(args, "preempt_at", None) is not None:
+        if "contention" not in out:
+            raise ValueError("--preempt-at needs --contention")
+        out["preempt_at"] = args.preempt_at
+    return out
+
+
+def _add_restart_costs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--restart-costs", default=None, metavar="profiles|FILE",
+                   help="each model's measured restart cost instead of --restart for every model (D32): "
+                        "'profiles' (agent/profiles/restart_costs.toml) or a table of that form; default: "
+                        "--restart for all")
+
+
+def _restart_costs(args: argparse.Namespace) -> dict[str, Any]:
+    """The restart-cost table, named only when given (kept runs stay keyed as before)."""
+    source = getattr(args, "restart_costs", None)
+    if source is None:
+        return {}
+    from agent.restart_costs import RestartCostError, restart_delays
+
+    try:
+        restart_delays(source)  # a bad table fails now, not in a worker
+    except RestartCostError as exc:
+        raise SystemExit(f"themis-sim: {exc}") from exc
+    return {"restart_costs": source if source == "profiles" else str(Path(source).resolve())}
+
+
+def _split_workload(args: argparse.Namespace) -> None:
+    """``--workload NAME:FILE`` (``deepshare:trace.json``) as the workload NAME with the knob
+    path=FILE, so a kept run is keyed by the file's contents."""
+    from simulator.workloads import split_workload
+
+    if isinstance(getattr(args, "workload", None), str):
+        args.workload, knobs = split_workload(args.workload)
+        args.workload_knob = [*getattr(args, "workload_knob", []), *knobs.items()]
+
+
 def _resplit(args: argparse.Namespace) -> dict[str, Any]:
     """The resplit setting, named only when it is not the default (kept runs stay keyed as before)."""
     return ({"resplit": args.resplit} if args.resplit != "now" else {}) | ({} if args.reclaim else {"reclaim": False})
@@ -403,11 +488,52 @@ def cmd_run(args: argparse.Namespace) -> int:
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
                        coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed,
                        workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
-                       **_resplit(args))
+                       **_resplit(args), **_blocks(args), **_contention(args),
+                       **_restart_costs(args), **_record(args))
     path = write_summary(summary, args.out)
     print_summary(out_console, [summary], f"{args.policy}: {args.workload} on {args.cluster}, seed {args.seed}",
                   path.name)
     console.print(f"wrote {path}")
+    return 0
+
+
+def _record(args: argparse.Namespace) -> dict[str, Any]:
+    """--record-rounds: the recording beside summary.json (named only when asked for)."""
+    if not getattr(args, "record_rounds", False):
+        return {}
+    from arbiter.dashboard.recording import RECORDING
+
+    return {"record_rounds": args.out / RECORDING}
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve a recorded run's rounds on the dashboard until interrupted."""
+    import asyncio
+
+    from arbiter.dashboard.recording import RECORDING, RecordingError, load_recording
+    from arbiter.dashboard.server import start
+
+    path = args.out / RECORDING
+    console.print(f"reading {path} ...", highlight=False)
+    try:
+        source = load_recording(path)
+    except RecordingError as exc:
+        console.print(f"[red]themis-sim: {exc}[/]")
+        return 2
+
+    async def serve() -> None:
+        dashboard = await start(args.host, args.port, source)
+        print(f"serving {len(source.timeline().rounds)} rounds of {path} at {dashboard.url} (Ctrl-C stops)",
+              flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await dashboard.stop()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -420,7 +546,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
                   workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
-                  **_resplit(args))
+                  **_resplit(args), **_blocks(args), **_contention(args),
+                  **_restart_costs(args))
     store = RunStore(args.out / "runs", reuse=not args.fresh)
     if args.seeds == 1 and (args.workers or 1) == 1 and not getattr(args, "ray", None):
         per_policy = [[_simulate_kept(store, {"policy": p, "seed": seeds[0], **common})] for p in policies]
@@ -450,7 +577,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _simulate_kept(store: RunStore, job: dict[str, Any]) -> dict[str, Any]:
     """One run in this process with its progress bar, taken from ``store`` if kept there (a
-    worker's runs go through ``simulator.run_store.simulate_and_keep`` instead)."""
+    worker's runs go through ``simulator.runs.simulate_and_keep`` instead)."""
     kept = store.get(job)
     if kept is not None:
         store.reused += 1
@@ -482,7 +609,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.name not in EXPERIMENTS:
         raise SystemExit(f"themis-sim: unknown experiment {args.name!r}; choose from {', '.join(EXPERIMENTS)}")
     run_experiment(args.name, args.out, quick=args.quick, seed=args.seed, seeds=args.seeds, workers=args.workers,
-                   policies=_policies(args.policies), setup=args.setup, reuse=not args.fresh)
+                   policies=_policies(args.policies), setup=args.setup, reuse=not args.fresh, **_blocks(args),
+                   **_contention(args))
     return 0
 
 
@@ -500,7 +628,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
 
 def cmd_strategic(args: argparse.Namespace) -> int:
-    from simulator.strategic import run_strategic
+    from simulator.strategic_run import run_strategic
 
     levels = _levels(args.levels)
     liars: int | list[str] = [a.strip() for a in args.liar.split(",")] if args.liar else args.liars
@@ -590,9 +718,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", formatter_class=_Help, help="simulate one policy")
     _add_common(p)
+    _add_blocks(p)
+    _add_contention(p)
+    _add_restart_costs(p)
+    p.add_argument("--record-rounds", action="store_true",
+                   help="record every round (bidders, PF rows, c_i, draws, leftover, the map) beside summary.json "
+                        "as rounds.jsonl.gz, for themis-sim view (off by default: it costs time and disk)")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("view", formatter_class=_Help,
+                       help="serve a run recorded with --record-rounds on the dashboard, with a time slider")
+    p.add_argument("out", type=Path, metavar="OUT", help="the run's output folder (where summary.json is)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    p.add_argument("--port", type=int, default=8765, help="port (0: any free one; default %(default)s)")
+    _add_plugin(p)
+    p.set_defaults(func=cmd_view)
     p = sub.add_parser("compare", formatter_class=_Help, help="simulate several policies on the same workload")
     _add_common(p, policy=False)
+    _add_blocks(p)
+    _add_contention(p)
+    _add_restart_costs(p)
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P1,P2,...",
                    help=f"comma-separated, from {', '.join(sorted(POLICIES))} (default %(default)s)")
     p.add_argument("--seeds", type=_count, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
@@ -617,6 +761,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_fresh(p)
     _add_plugin(p)
     _add_profiles(p)
+    _add_blocks(p)
+    _add_contention(p)
     p.set_defaults(func=cmd_experiment)
     p = sub.add_parser("pool", formatter_class=_Help,
                        help="pool the seeds of saved experiment results (same figure and settings)")
@@ -653,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         console.print(f"[red]themis-sim: --out {args.out}: cannot use it as the output folder: {problem}[/]")
         return 2
+    _split_workload(args)
     try:
         return args.func(args)
     except (ClusterFileError, ValueError) as exc:

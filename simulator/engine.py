@@ -5,7 +5,8 @@ engine, D10), job completions, successive-halving phase ends and curve-stopping 
 events every job runs at Eq. 1's speed on the GPUs it actually holds: min(|G|, demand_max) /
 (iter_time_serial * S(G)) iterations per second, S from the D1 level of its own GPUs. A job whose
 GPU set changes after it has started pays the restart delay (D11); one that keeps its GPUs pays
-nothing. Reports, bids and grants all come from the code the service runs: ``agent.agent.Agent``
+nothing. With a contention model (D35, ``simulator.contention``) that speed is multiplied by the
+job's contention ratio, from the jobs that share its machines. Reports, bids and grants all come from the code the service runs: ``agent.agent.Agent``
 and ``arbiter.rounds.RoundEngine`` with a policy from ``arbiter.policies``.
 
 Inside an app, its own scheduler decides which job runs on which held GPU (D3's split,
@@ -17,18 +18,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from agent.agent import Agent
 from agent.appsched import AppScheduler, CurveStoppingApp, JobInfo, SuccessiveHalvingApp
 from agent.fairness import ideal_time, split_counts
-from agent.placement import ModelProfile, load_profiles, slowdown_of
+from agent.placement import ModelProfile, profiles_with, slowdown_of
+from agent.termination import ConvergenceRule
+from arbiter.admission import AdmissionPolicy
 from arbiter.auction import keep_best_locality
 from arbiter.cluster import Cluster
 from arbiter.policies import Policy
 from arbiter.rounds import DEFAULT_COALESCE_S, RoundEngine, RoundResult
-from simulator.apps import SimCurveStoppingApp, SimSuccessiveHalvingApp, build_app, checkpoint_every
+from simulator.apps import SimCurveStoppingApp, SimSuccessiveHalvingApp, build_app, checkpoint_every, converge_points
+from simulator.contention import ContentionAccount, ContentionModel
 from simulator.workload import AppSpec, Workload
 
 DEFAULT_RESTART_S = 35.0  # D11, paper 6.2.3
@@ -56,6 +60,8 @@ class JobRun:
     started: bool = False
     restarts: int = 0
     restarted_at: float | None = None
+    base_rate: float = 0.0  # rate before network contention (D35)
+    ratio: float = 1.0  # contention ratio: rate = base_rate x ratio (D35; 1 without a contention model)
 
 
 @dataclass
@@ -79,6 +85,11 @@ class AppRun:
     next_checkpoint: dict[str, float] = field(default_factory=dict)
     auction_wins: int = 0  # rounds in which the auction's PF gave it a row (D8)
     kept_sum: float = 0.0  # sum of its c_i over those rounds: 1 - c_i was its hidden payment
+    admitted_at: float | None = None  # when the admission policy let it in (D33)
+    first_gpu_s: float | None = None  # arrival to its first GPU (Blox's responsiveness)
+    converge_at: dict[str, float] = field(default_factory=dict)  # job -> iteration its loss rule ends it (D34)
+    converged: set[str] = field(default_factory=set)  # jobs loss-based termination ended (D34)
+    contention: ContentionAccount | None = None  # what contention did to it, with a contention model (D35)
 
 
 @dataclass
@@ -109,6 +120,7 @@ class Simulation:
         *,
         lease_s: float = 600.0,
         restart_s: float = DEFAULT_RESTART_S,
+        restart_costs: Mapping[str, float] | None = None,
         coalesce_s: float = DEFAULT_COALESCE_S,
         expiry_window_s: float | None = None,
         seed: int = 0,
@@ -118,6 +130,9 @@ class Simulation:
         resplit: str = "now",
         rank: str = "reported",
         reclaim: bool = True,
+        admission: AdmissionPolicy | None = None,
+        convergence: ConvergenceRule | None = None,
+        contention: ContentionModel | None = None,
     ):
         if restart_s < 0:
             raise ValueError("restart delay must be >= 0")
@@ -128,11 +143,14 @@ class Simulation:
         self.workload = workload
         self.policy = policy
         self.restart_s = restart_s
+        #: D32: per model, the restart delay its jobs pay instead of ``restart_s`` (None: ``restart_s`` for all)
+        self.restart_costs = _checked_restart_costs(restart_costs, workload)
         self.engine = RoundEngine(
             cluster, policy, lease_s=lease_s, coalesce_s=coalesce_s, expiry_window_s=expiry_window_s, seed=seed,
-            rank=rank, reclaim=reclaim,
+            rank=rank, reclaim=reclaim, admission=admission,
         )
-        self.profiles = profiles or load_profiles()
+        self.convergence = convergence  # D34: every app's jobs end when their losses stop improving by it
+        self.profiles = profiles or profiles_with(*workload.profile_tables)
         self.agent_factory = agent_factory or (lambda spec, app: Agent(app, name=spec.app_id))
         self.keep_rounds = keep_rounds
         unknown = sorted({a.model for a in workload.apps} - set(self.profiles))
@@ -140,17 +158,29 @@ class Simulation:
             raise ValueError(f"workload {workload.name!r} names models with no profile: {unknown}")
         self.runs: dict[str, AppRun] = {}
         self.now = 0.0
+        #: D35: jobs slowed by the jobs that share their machines (None: every job runs as if alone)
+        self.contention = contention.tracker(self) if contention is not None else None
+        #: called with each round's result as it closes, before its apps re-place their jobs (what a
+        #: recording of the run reads: ``simulator.recording``); it must not change the simulation
+        self.on_round: Callable[[RoundResult], None] | None = None
+
+    def restart_of(self, spec: AppSpec) -> float:
+        """The restart delay the app's jobs pay when they move (D11): ``restart_s`` for every model,
+        or, with ``restart_costs``, its model's measured cost (D32)."""
+        return self.restart_s if self.restart_costs is None else self.restart_costs[spec.model]
 
     # -- the app's side ----------------------------------------------------------------------
 
     def _arrive(self, spec: AppSpec) -> None:
         app = build_app(spec, self.profiles[spec.model].slowdown)
         agent = self.agent_factory(spec, app)
-        agent.restart_s = self.restart_s  # what its jobs pay to move here (D11); its bids carry it (D17)
+        agent.restart_s = self.restart_of(spec)  # what its jobs pay to move here (D11); its bids carry it (D17)
         run = AppRun(spec, app, agent)
         if isinstance(app, SimCurveStoppingApp):
             step = checkpoint_every(spec)
             run.next_checkpoint = {j.job_id: step for j in spec.jobs}
+        if self.convergence is not None:
+            run.converge_at = converge_points(app, spec, self.convergence)
         self.runs[spec.app_id] = run
         # the arbiter knows each app's model, and so its placement slowdowns (D21's measured rank)
         self.engine.add_app(spec.app_id, self.now, slowdown=self.profiles[spec.model].slowdown)
@@ -196,7 +226,7 @@ class Simulation:
             jr = run.jobs.get(job.job_id)
             same = jr is not None and len(jr.gpus) == n
             slowdown = jr.slowdown if same else (job.slowdown[1] if n > 1 else 1.0)
-            delay = 0.0 if same or jr is None or not jr.started else self.restart_s
+            delay = 0.0 if same or jr is None or not jr.started else self.restart_of(run.spec)
             worst = max(worst, delay + job.iters_remaining * job.iter_time_serial * slowdown / min(n, job.demand_max))
         return worst
 
@@ -212,7 +242,7 @@ class Simulation:
         idle = n_held - sum(keep.values())
         if moved == 0 or idle <= 0:
             return False
-        cost = self.restart_s * moved
+        cost = self.restart_of(run.spec) * moved
         since, paid, was_idle = run.renting or (self.now, 0.0, idle)
         paid += was_idle * (self.now - since)
         due = self.now + (cost - paid) / idle
@@ -233,13 +263,15 @@ class Simulation:
         what its restarts would (D23, ``_rent``)."""
         run = self.runs[name]
         held = set(self.engine.held(name))
+        if held and run.first_gpu_s is None:
+            run.first_gpu_s = self.now - run.spec.arrival_s
         before = run.placed_on
         cause = ("resplit" if held == before else "grew" if held > before else "shrank" if held < before
                  else "moved")
         jobs = self._current_jobs(run.app)
         targets = self._targets(run, jobs, len(held))
         rented = False
-        if self.restart_s and len(held) >= len(jobs):
+        if self.restart_of(run.spec) and len(held) >= len(jobs):
             keep = self._keep_targets(run, jobs, held)
             if keep != targets and self._phase_end(run, jobs, keep) <= self._phase_end(run, jobs, targets):
                 targets = keep
@@ -276,7 +308,7 @@ class Simulation:
             gpus = assigned.get(job_id, ())
             if gpus != jr.gpus:
                 if gpus and jr.started:
-                    jr.ready_at = self.now + self.restart_s
+                    jr.ready_at = self.now + self.restart_of(run.spec)
                     jr.restarts += 1
                     run.restarts += 1
                     run.restarts_by[cause] = run.restarts_by.get(cause, 0) + 1
@@ -291,7 +323,8 @@ class Simulation:
                 jr.started = True
                 jr.slowdown = slowdown_of(job.slowdown, [self.cluster.position(g) for g in gpus])
                 jr.demand = job.demand_max
-                jr.rate = min(len(gpus), job.demand_max) / (job.iter_time_serial * jr.slowdown)
+                jr.base_rate = min(len(gpus), job.demand_max) / (job.iter_time_serial * jr.slowdown)
+                jr.rate = jr.base_rate * jr.ratio
             else:
                 jr.rate = 0.0
         demand = run.app.demand_now()
@@ -299,6 +332,8 @@ class Simulation:
             self.engine.release(name, pool, self.now)
         run.placed_on = frozenset(self.engine.held(name))
         self.engine.set_demand(name, demand, self.now)
+        if self.contention is not None:
+            self.contention.moved(name)
 
     def _progress(self, until: float) -> None:
         """Run every job from ``self.now`` to ``until`` (no event falls in between)."""
@@ -337,7 +372,7 @@ class Simulation:
             if isinstance(app, CurveStoppingApp):
                 left = self._report_at(run, app, jr.job_id) - app.job(jr.job_id).done
             else:
-                left = lefts.get(jr.job_id, 0.0)
+                left = self._to_converge(run, jr.job_id, lefts.get(jr.job_id, 0.0))
             best = min(best, max(self.now, jr.ready_at) + max(0.0, left) / jr.rate)
         return best
 
@@ -347,6 +382,13 @@ class Simulation:
         where the app's current prediction says it stops (so the app can stop it there, D4)."""
         job = app.job(job_id)
         return min(run.next_checkpoint[job_id], job.max_iterations, max(job.done, app.predicted_end(job_id)))
+
+    @staticmethod
+    def _to_converge(run: AppRun, job_id: str, left: float) -> float:
+        """Iterations until the job's next event: the end of its work, or sooner the loss report at
+        which loss-based termination ends it (D34)."""
+        stop = run.converge_at.get(job_id)
+        return left if stop is None else min(left, max(0.0, stop - run.app.losses.done[job_id]))
 
     def _lefts(self, app: AppScheduler) -> dict[str, float]:
         return {j.job_id: j.iters_remaining for j in self._current_jobs(app)}
@@ -371,6 +413,13 @@ class Simulation:
         lefts = self._lefts(app)
         for jr in list(run.jobs.values()):
             left = lefts.get(jr.job_id, 0.0)
+            stop = self._to_converge(run, jr.job_id, left)
+            if jr.gpus and stop < left and self._due(stop, jr.rate):
+                self._advance_job(run, jr.job_id, stop)
+                run.app.advance(jr.job_id, left - stop)  # D34: its loss stopped improving; the rest is not run
+                run.converged.add(jr.job_id)
+                changed = True
+                continue
             if jr.gpus and self._due(left, jr.rate):
                 self._advance_job(run, jr.job_id, left)
                 changed = True
@@ -389,8 +438,11 @@ class Simulation:
         run = self.runs[name]
         run.finished_at = self.now
         run.n_avg_at_finish = self.engine.n_avg(name, self.now)
+        run.admitted_at = self.engine.admitted_at.get(name)
         run.jobs.clear()
         self.engine.remove_app(name, self.now)
+        if self.contention is not None:
+            self.contention.moved(name)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -413,6 +465,8 @@ class Simulation:
                     candidates.append(self._next_event(run))
                     if run.resplit_at is not None:
                         candidates.append(max(run.resplit_at, self.now))
+            if self.contention is not None and self.contention.next_wakeup() is not None:
+                candidates.append(max(self.contention.next_wakeup(), self.now))
             t = min(candidates, default=math.inf)
             if t == math.inf or (nxt == len(arrivals) and not self.engine.apps):
                 break
@@ -436,6 +490,8 @@ class Simulation:
                     self._place(name)
             if self.engine.round_due(self.now):
                 result = self.engine.run_round(self.now, {a: self.runs[a].agent for a in self.engine.apps})
+                if self.on_round is not None:
+                    self.on_round(result)
                 rounds += 1
                 outcome = result.decision.auction if result.decision is not None else None
                 auctions += outcome is not None
@@ -457,6 +513,8 @@ class Simulation:
                     self._place(name)
                 if self.keep_rounds:
                     kept.append(result)
+            if self.contention is not None:
+                self.contention.apply()
             if progress is not None:
                 progress(self.now)
         unfinished = [n for n, r in self.runs.items() if r.finished_at is None]
@@ -496,3 +554,17 @@ def app_rho(run: AppRun, cluster_size: int) -> float:
     assert run.finished_at is not None
     t_id = ideal_time(run.app, n_avg=run.n_avg_at_finish, cluster_size=cluster_size)
     return (run.finished_at - run.spec.arrival_s) / t_id
+
+
+def _checked_restart_costs(costs: Mapping[str, float] | None, workload: Workload) -> dict[str, float] | None:
+    """D32's per-model restart delays, refused when one is negative or a workload model has none."""
+    if costs is None:
+        return None
+    bad = {m: c for m, c in costs.items() if not 0 <= c < math.inf}
+    if bad:
+        raise ValueError(f"restart costs must be finite seconds >= 0, got {bad}")
+    missing = sorted({a.model for a in workload.apps} - set(costs))
+    if missing:
+        raise ValueError(f"workload {workload.name!r} names models with no restart cost: {missing} "
+                         f"(the table has {', '.join(sorted(costs))})")
+    return dict(costs)

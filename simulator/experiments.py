@@ -76,6 +76,8 @@ class Setup:
         self.gpus = load_cluster(self.cluster).size
         self.fig12_workload = SETUPS[setup]["fig12_workload"]
         self.store = RunStore(out / "runs", reuse=reuse)
+        #: ``simulate`` settings every run of the experiment shares (``--contention``, D35)
+        self.run_options: dict[str, Any] = {}
 
     def header(self, figure: str) -> dict[str, Any]:
         """What every result starts with: the figure, mode, seeds, setup and cluster (and, in quick
@@ -87,7 +89,7 @@ class Setup:
 
     def run(self, runs: Sequence[dict[str, Any]], label: str) -> list[dict[str, Any]]:
         """Each run (``simulate`` keyword arguments) at every seed -> its multi-seed aggregate."""
-        per_run = run_seeds(runs, self.seeds, self.workers, label, self.store)
+        per_run = run_seeds([{**r, **self.run_options} for r in runs], self.seeds, self.workers, label, self.store)
         return [{**aggregate(summaries), "per_seed": [_headline(s) for s in summaries], "first": summaries[0]}
                 for summaries in per_run]
 
@@ -284,7 +286,7 @@ def fig15(setup: Setup) -> dict[str, Any]:
     arbiter computes with measured slowdowns (``measured_rank``, D21, the service's rank for an app
     bound to a model; ``rank-measured/``)."""
     from arbiter.rank import RANKS
-    from simulator.strategic import run_strategic
+    from simulator.strategic_run import run_strategic
 
     levels = [0, 25, 50, 100] if setup.quick else [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
     trace = _identical_apps_trace(setup.out)
@@ -357,6 +359,20 @@ def fig16(setup: Setup) -> dict[str, Any]:
             "lease": [_public(r) for r in by_lease]}
 
 
+def _deepshare(setup: Setup) -> dict[str, Any]:
+    """DeepShare's setting and its baselines beside Themis (``simulator.deepshare_experiment``)."""
+    from simulator.deepshare_experiment import deepshare
+
+    return deepshare(setup, None if setup.policies == list(POLICIES) else setup.policies)  # --policies given
+
+
+def _blox_admission(setup: Setup) -> dict[str, Any]:
+    """Blox's Figs. 12-13: FIFO admission in front of LAS, then Themis (``simulator.blox_experiment``)."""
+    from simulator.blox_experiment import blox_admission
+
+    return blox_admission(setup, policies=None if setup.policies == POLICIES else setup.policies)
+
+
 EXPERIMENTS: dict[str, Callable[[Setup], dict[str, Any]]] = {
     "fig9": lambda setup: fig9_10_11(setup, "fig9"),
     "fig10": lambda setup: fig9_10_11(setup, "fig10"),
@@ -366,6 +382,8 @@ EXPERIMENTS: dict[str, Callable[[Setup], dict[str, Any]]] = {
     "fig14": fig14,
     "fig15": fig15,
     "fig16": fig16,
+    "deepshare": _deepshare,
+    "blox-admission": _blox_admission,
 }
 
 
@@ -380,7 +398,9 @@ def check_setup(name: str, setup: str) -> None:
 
 def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, seeds: int = DEFAULT_SEEDS,
                    workers: int | None = None, policies: Sequence[str] | None = None,
-                   setup: str = "sim", reuse: bool = True) -> dict[str, Any]:
+                   setup: str = "sim", reuse: bool = True, contention: str | None = None,
+                   preempt_at: float | None = None, admission: str | None = None,
+                   convergence: str | None = None) -> dict[str, Any]:
     """Run experiment ``name`` into ``out``. Finished runs are kept in ``out/runs``
     (``simulator.run_store``): with ``reuse`` (the default) a run kept there for the same
     arguments and code is not simulated again, so more seeds, or a re-run after an interruption,
@@ -389,9 +409,16 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, 
         raise ValueError("--seeds must be at least 1")
     check_setup(name, setup)
     out.mkdir(parents=True, exist_ok=True)
-    if quick:
+    if quick and name != "blox-admission":  # its own caveats are in its result (simulator.blox_experiment)
         console.print(f"[yellow]{name} --quick does not reproduce:[/] " + "; ".join(QUICK_CAVEATS))
     the_setup = Setup(out, quick, seed, seeds, workers, policies, setup, reuse=reuse)
+    if contention is not None:  # D35 in every run of the figure
+        the_setup.run_options = {"contention": contention, **({"preempt_at": preempt_at} if preempt_at else {})}
+    if admission is not None or convergence is not None:  # D33, D34 in every run of the figure
+        if name == "blox-admission" and admission is not None:
+            raise ValueError("blox-admission sweeps the admission policy itself; run it without --admission")
+        the_setup.run_options.update({k: v for k, v in (("admission", admission), ("convergence", convergence))
+                                      if v is not None})
     result = EXPERIMENTS[name](the_setup)
     store = the_setup.store
     result["runs_reused"], result["runs_simulated"] = store.reused, store.simulated

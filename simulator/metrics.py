@@ -8,9 +8,13 @@ cluster; the ideal time T_id; completion time, GPU time (GPU-seconds held), plac
 averaged over the GPU time its jobs ran), restarts (by cause, ``RESTART_CAUSES``, and by the time
 since the same job's previous restart, ``RESTART_GAPS``).
 
+Per app also the contention ratio its jobs ran at and, with a contention model (D35), the time they
+held GPUs (``running_s``) and their preemptions.
+
 Per run: max / mean / median / p95 / p99 rho, max rho over apps whose ideal time is at least
 ``FLOOR_S`` (a one-minute app's rho is set by waiting for a round and a restart under any policy),
-Jain's index of rho, the same for rho_share, average and p95 completion time, total GPU time,
+Jain's index of rho, the same for rho_share, average and p95 completion time (and average, p90
+and max as ``avg_jct_s``, ``p90_jct_s``, ``max_jct_s``), the apps' mean contention ratio, total GPU time,
 makespan, utilization (GPU time / (cluster size x makespan)), restarts per job and by cause, rounds, auctions,
 the share of GPUs granted by the auction, by the reserve in rank order and by the random leftover
 in rounds with bidders (D8, D9, D14), auctions that were not canonical (D16), wall time.
@@ -75,6 +79,11 @@ def app_rows(result: SimulationResult) -> list[dict[str, Any]]:
                 "deferred_resplits": run.deferred,
                 "auction_wins": run.auction_wins,
                 "mean_hidden_payment": 1 - run.kept_sum / run.auction_wins if run.auction_wins else 0.0,
+                # D35: the contention ratio its jobs ran at (GPU-time weighted; 1 without a contention
+                # model), the time they held GPUs and their preemptions (None without one)
+                "mean_ratio": run.contention.mean_ratio if run.contention is not None else 1.0,
+                "running_s": run.contention.running_s if run.contention is not None else None,
+                "preempted": run.contention.preempted if run.contention is not None else None,
             }
         )
     return rows
@@ -112,6 +121,12 @@ def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:
         "gpu_time": gpu_time,
         "avg_jct": statistics.fmean(jct) if jct else 0.0,
         "p95_jct": percentile(jct, 95),
+        # completion time from submission under the names of the DeepShare comparison (seconds)
+        "avg_jct_s": statistics.fmean(jct) if jct else 0.0,
+        "p90_jct_s": percentile(jct, 90),
+        "max_jct_s": max(jct, default=0.0),
+        # D35: the apps' mean contention ratio (1: every job ran as if alone, as it does without a model)
+        "mean_contention_ratio": statistics.fmean(a["mean_ratio"] for a in apps) if apps else 1.0,
         "makespan": result.makespan,
         "utilization": gpu_time / (result.cluster_size * result.makespan) if result.makespan else 0.0,
         "mean_placement_score": statistics.fmean(a["placement_score"] for a in apps) if apps else 1.0,

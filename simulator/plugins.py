@@ -30,7 +30,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["ENV", "GROUPS", "PluginError", "load_entry_points", "load_from_env", "load_plugins"]
+__all__ = ["ENV", "GROUPS", "PluginError", "load_builtin", "load_entry_points", "load_from_env", "load_plugins"]
 
 ENV = "THEMIS_PLUGINS"
 GROUPS = ("themis.policies", "themis.workloads", "themis.strategies")
@@ -87,11 +87,22 @@ def load_plugins(specs: Sequence[str]) -> list[ModuleType]:
 
 
 def load_from_env() -> None:
-    """The plugins a parent process recorded, and the installed entry points (idempotent)."""
+    """The simulator's own policies from outside ``arbiter.policies``, the plugins a parent process
+    recorded, and the installed entry points (idempotent)."""
+    load_builtin()
     for key in os.environ.get(ENV, "").split(os.pathsep):
         if key:
             _import(key)
     load_entry_points()
+
+
+def load_builtin() -> None:
+    """Register the policies the simulator adds itself, whose dependencies keep them out of the
+    arbiter's layer: DeepShare's RL policies (``simulator.rl_policy``; importing it needs no torch,
+    making one does)."""
+    from simulator.rl_policy import register
+
+    register()
 
 
 def _register(group: str, name: str, obj: object) -> None:

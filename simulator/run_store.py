@@ -33,6 +33,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+#: where the simulator's runs say what they do (stderr; ``simulator.runs`` prints through it too)
+console = Console(stderr=True)
+
 __all__ = ["RunStore", "code_fingerprint"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +47,7 @@ CODE_PATHS = ("agent", "arbiter", "simulator", "protos", "data/philly", "data/pr
 #: flag, a plot, an experiment's table) leaves every kept run valid. An experiment's run arguments
 #: are part of each run's key, so editing them in ``experiments.py`` still gives new keys.
 NOT_OUTCOME = frozenset({"simulator/__main__.py", "simulator/cli.py", "simulator/experiments.py",
-                         "simulator/plots.py", "simulator/seeds.py"})
+                         "simulator/plots.py", "simulator/seeds.py", "simulator/blox_experiment.py"})
 _SUFFIXES = (".py", ".toml", ".csv", ".json", ".proto")
 
 
@@ -119,8 +124,6 @@ class RunStore:
         except (OSError, ValueError, KeyError) as err:
             aside = path.with_suffix(".corrupt")
             path.replace(aside)
-            from simulator.runs import console
-
             console.print(f"[yellow]kept run {path} could not be read ({err}); moved to {aside.name}, "
                           "simulating it again[/]")
             return None
@@ -143,11 +146,3 @@ class RunStore:
     def tally(self) -> str:
         """What the store gave and what had to run, for the command's last lines."""
         return f"{self.reused} runs taken from {self.folder}, {self.simulated} simulated"
-
-
-def simulate_and_keep(folder: str, code: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Worker side of :func:`simulator.runs.run_seeds`: simulate ``job`` and keep its summary at
-    once, so an interrupted experiment keeps every run that finished."""
-    from simulator.runs import simulate_quietly
-
-    return RunStore(Path(folder), code).keep(job, simulate_quietly(**job))

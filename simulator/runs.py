@@ -9,17 +9,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent.restart_costs import restart_delays
+from agent.termination import ConvergenceRule
+from arbiter.admission import make_admission
 from arbiter.cluster import load_cluster
 from arbiter.policies import make_policy
 from arbiter.rounds import DEFAULT_COALESCE_S
 from simulator.engine import DEFAULT_RESTART_S, Simulation
 from simulator.metrics import summarize
-from simulator.run_store import RunStore, simulate_and_keep
+from simulator.run_store import RunStore, console
 from simulator.workloads import load_workload
 
 if TYPE_CHECKING:
@@ -27,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["run_seeds", "simulate", "simulate_quietly"]
 
-console = Console(stderr=True)
 
 
 def simulate(
@@ -49,6 +51,12 @@ def simulate(
     max_contenders: int | None = None,
     resplit: str = "now",
     reclaim: bool = True,
+    admission: str | None = None,
+    convergence: str | None = None,
+    contention: str | None = None,
+    preempt_at: float | None = None,
+    restart_costs: str | None = None,
+    record_rounds: str | Path | None = None,
 ) -> dict[str, Any]:
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
@@ -58,7 +66,17 @@ def simulate(
     loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names.
     ``max_contenders`` caps Themis's auction as the service does (D20; None, the default: no cap).
     ``resplit="rent-or-buy"`` defers growth re-splits by the ski-rental rule (D23; default "now", D11).
-    ``reclaim=False`` lets leases beyond a fair share run out while apps that hold nothing wait (D27)."""
+    ``reclaim=False`` lets leases beyond a fair share run out while apps that hold nothing wait (D27).
+    ``admission`` (``NAME[:ARG]``, e.g. ``fifo:1.2``) puts an admission policy in front of the policy
+    (D33); ``convergence`` (``MIN_DELTA:PATIENCE[:abs]``) ends jobs whose loss stopped improving
+    (D34). Naming either adds their numbers to the summary (``simulator.blocks``).
+    ``contention`` (a contention table's CSV, or ``deepshare`` for the shipped one) slows every job by
+    the jobs that share its machines (D35); ``preempt_at`` (with it) preempts a job whose contention
+    ratio falls to that or below, as DeepShare does at 0.6.
+    ``restart_costs`` (``profiles``: ``agent/profiles/restart_costs.toml``, or a table of that form)
+    makes each app's jobs pay their model's measured restart cost instead of ``restart`` (D32).
+    ``record_rounds`` (a file) records every round for ``themis-sim view`` (``simulator.recording``);
+    the summary is the same with or without it."""
     from simulator.plugins import load_from_env
 
     load_from_env()
@@ -74,8 +92,24 @@ def simulate(
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
-        resplit=resplit, rank=rank, reclaim=reclaim,
+        resplit=resplit, rank=rank, reclaim=reclaim, admission=make_admission(admission),
+        convergence=ConvergenceRule.parse(convergence) if convergence is not None else None,
+        contention=_contention_model(contention, preempt_at),
+        restart_costs=restart_delays(restart_costs) if restart_costs is not None else None,
     )
+    recorder = None
+    if record_rounds is not None:
+        from simulator.recording import RoundRecorder
+
+        settings = {"policy": policy, "cluster": the_cluster.name, "workload": the_workload.name, "seed": seed,
+                    "lease_s": lease, "restart_s": restart, "coalesce_s": coalesce,
+                    "expiry_window_s": sim.engine.expiry_window_s, "rank": rank, "reclaim": reclaim,
+                    "resplit": resplit, **options, "admission": admission, "convergence": convergence,
+                    "contention": contention, "preempt_at": preempt_at, "restart_costs": restart_costs}
+        meta = {"title": f"{policy}: {the_workload.name} on {the_cluster.name}, seed {seed}", "policy": policy,
+                "workload": the_workload.name, "cluster": the_cluster.name, "seed": seed}
+        recorder = RoundRecorder(sim, record_rounds, meta=meta,
+                                 settings={k: v for k, v in settings.items() if v is not None})
     if show_progress and not console.is_terminal:
         result = sim.run(progress=_app_lines(f"{policy} on {the_cluster.name}", sim))
     elif show_progress:
@@ -91,17 +125,44 @@ def simulate(
             result = sim.run(progress=tick)
     else:
         result = sim.run()
-    return summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
+    if recorder is not None:
+        recorder.close()
+    summary = summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
                      restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
                      workload_source=the_workload.source,
                      **({"max_contenders": max_contenders} if policy == "themis" and max_contenders else {}),
                      **({"resplit": resplit} if resplit != "now" else {}),
-                     **({} if reclaim else {"reclaim": False}))
+                     **({} if reclaim else {"reclaim": False}),
+                     **({"contention": contention} if contention is not None else {}),
+                     **({"preempt_at": preempt_at} if preempt_at is not None else {}),
+                     **({"restart_costs": restart_costs} if restart_costs is not None else {}))
+    if admission is not None or convergence is not None:
+        from simulator.blocks import add_blocks
+
+        add_blocks(summary, sim, result.apps)
+    return summary
+
+
+def _contention_model(table: str | None, preempt_at: float | None):
+    """D35's model for ``simulate``'s ``contention`` and ``preempt_at`` (None: contention off)."""
+    if table is None:
+        if preempt_at is not None:
+            raise ValueError("preempting by contention ratio needs a contention table (--contention)")
+        return None
+    from simulator.contention import ContentionModel
+
+    return ContentionModel.load(table, preempt_at)
 
 
 def simulate_quietly(**kw: Any) -> dict[str, Any]:
     """``simulate`` without a progress bar (for worker processes)."""
     return simulate(show_progress=False, **kw)
+
+
+def simulate_and_keep(folder: str, code: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Worker side of :func:`run_seeds`: simulate ``job`` and keep its summary at once, so an
+    interrupted experiment keeps every run that finished."""
+    return RunStore(Path(folder), code).keep(job, simulate_quietly(**job))
 
 
 def _on_ray(cluster: "RayCluster", jobs: Sequence[dict[str, Any]], label: str, total: int,

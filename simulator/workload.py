@@ -81,6 +81,9 @@ class Workload:
     name: str
     apps: tuple[AppSpec, ...]
     source: str = ""  # where it came from, for summaries
+    #: profile tables (slowdowns.toml's form) its models need beyond the shipped one, by path
+    #: (the DeepShare workload's models, agent/profiles/deepshare.toml); the simulator adds them
+    profile_tables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [a.app_id for a in self.apps]

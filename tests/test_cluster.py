@@ -26,7 +26,7 @@ def test_sim_256_matches_the_yardstick_cluster():
     assert all(sorted(s.values()) == [2, 2, 2, 2] for m, s in slots.items() if len(c.machines[m]) == 8)
     assert all(sorted(s.values()) == [1, 1, 1, 1] for m, s in slots.items() if len(c.machines[m]) == 4)
     assert "r9-m40-g0" in c.gpus and "r0-m1-g7" in c.gpus
-    assert shipped_clusters() == ["sim-256", "testbed-64"]
+    assert shipped_clusters() == ["deepshare-4x8", "sim-256", "testbed-64"]
 
 
 def test_gpu_ids_are_stable_across_loads():

@@ -696,13 +696,16 @@ def test_fuzzed_stream_is_rejected_while_a_good_agent_is_served(tmp_path):
             seen = len(raw.of("rejection"))
             raw.send(release=pb.Release(gpus=["nope"]))
             # any release rejection after it: a round closing meanwhile may reject a late bid after it
-            await wait_for(lambda: any(r.what == "release" for r in raw.of("rejection")[seen:]), 10)
+            # behind up to 3,500 refusals still in flight on a busy machine: waited for, not timed
+            await wait_for(lambda: any(r.what == "release" for r in raw.of("rejection")[seen:]), 60)
             rejections = raw.of("rejection")
             assert len(rejections) > 2000, len(rejections)
             assert {r.code for r in rejections} <= {INVALID, DENIED, grpc.StatusCode.FAILED_PRECONDITION.value[0]}
             assert {r.what for r in rejections} >= {"report", "bid", "release", "demand", "done", "hello", "message"}
             assert all(r.reason for r in rejections)
-            assert answered_offers >= 1 and rounds_during >= 3, (answered_offers, rounds_during, fuzz_s)
+            # the fuzzer's valid reports queue behind its junk and may miss every deadline on a busy
+            # machine (then it gets no offer): rounds going on is what this asks
+            assert rounds_during >= 3, (answered_offers, rounds_during, fuzz_s)
             assert service.metrics.round_failures._value.get() == 0, "a round failed on fuzzed input"
             assert good_max > 0 and not good.rejections, good.rejections[:3]
 

@@ -18,8 +18,8 @@ from rich.console import Console
 import simulator.plots as plots
 from simulator.cli import main, print_summary, summary_table, verdict
 from simulator.seeds import interval
-from simulator.strategic import print_strategic
-from simulator.strategic import verdict as lie_verdict
+from simulator.strategic_run import print_strategic
+from simulator.strategic_run import verdict as lie_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "examples" / "trace.csv"

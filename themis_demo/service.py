@@ -103,5 +103,20 @@ def run_demo(seconds: float = 60.0, mqtt: str | None = None, *, speedup: float =
     return asyncio.run(_demo(seconds, mqtt, speedup=speedup, lease_s=lease_s))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m themis_demo.service [--seconds 60] [--mqtt URL]`` (what ``themis-arbiter demo`` runs)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="themis-arbiter demo", description="an arbiter and two agents on "
+                                     "loopback, in one process")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--mqtt", help="also publish events to this broker")
+    args = parser.parse_args(argv)
+    try:
+        return run_demo(seconds=args.seconds, mqtt=args.mqtt)
+    except KeyboardInterrupt:
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(run_demo())
+    sys.exit(main())

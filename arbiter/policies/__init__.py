@@ -4,11 +4,15 @@ same door as Themis; paper 6.1: "all apps report X and the arbiter allocates by 
 from __future__ import annotations
 
 from arbiter.policies.base import Decision, Policy, RoundContext
+from arbiter.policies.deepshare_las import DeepShareLasPolicy
+from arbiter.policies.deepshare_srtf import DeepShareSrtfPolicy
 from arbiter.policies.drf import DrfPolicy
 from arbiter.policies.fifo import FifoPolicy
 from arbiter.policies.gandiva import GandivaPolicy
+from arbiter.policies.las import LasPolicy
 from arbiter.policies.optimus import OptimusPolicy
 from arbiter.policies.slaq import SlaqPolicy
+from arbiter.policies.srtf import SrtfPolicy
 from arbiter.policies.themis import ThemisPolicy
 from arbiter.policies.tiresias import TiresiasPolicy
 
@@ -16,6 +20,8 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (ThemisPolicy, GandivaPolicy, TiresiasPolicy, OptimusPolicy, SlaqPolicy, FifoPolicy, DrfPolicy)
 }
+# DeepShare's baselines (seeds/002): textbook LAS and SRTF and DeepShare's own two, placed as it does
+POLICIES.update({cls.name: cls for cls in (LasPolicy, SrtfPolicy, DeepShareLasPolicy, DeepShareSrtfPolicy)})
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
@@ -53,6 +59,10 @@ __all__ = [
     "SlaqPolicy",
     "FifoPolicy",
     "DrfPolicy",
+    "LasPolicy",
+    "SrtfPolicy",
+    "DeepShareLasPolicy",
+    "DeepShareSrtfPolicy",
     "POLICIES",
     "make_policy",
     "register_policy",

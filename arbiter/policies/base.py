@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from arbiter.auction import AuctionOutcome
 from protos.messages import BidTable, Position, RhoReport
@@ -62,10 +62,26 @@ class Decision:
         return counts
 
 
+class ContentionView(Protocol):
+    """What a contention-aware policy may ask about network contention (D35), where a contention
+    model is on (the simulator's ``--contention``; ``simulator.contention.ContentionTracker``)."""
+
+    def kind(self, app: str) -> str | None:
+        """The app's contention class (a class of the contention table, e.g. ``MoE``)."""
+
+    def ratio(self, app: str) -> float:
+        """The lowest contention ratio among the app's placed jobs now (1: none is slowed)."""
+
+    def ratio_if(self, app: str, gpus: Iterable[str]) -> float:
+        """The ratio one job of the app would run at on ``gpus``, every other job where it is."""
+
+
 class Policy(ABC):
     name: ClassVar[str]
     #: the RhoReport fields beyond rho and demand this policy allocates by (sent in RhoRequest)
     report_extras: ClassVar[frozenset[str]] = frozenset()
+    #: D35: set by a simulator with a contention model on; None where contention is not modelled
+    contention: ContentionView | None = None
 
     @abstractmethod
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:

@@ -95,13 +95,29 @@ def workload_entries() -> list[WorkloadEntry]:
     return sorted({e.name: e for e in _ENTRIES.values()}.values(), key=lambda e: e.name)
 
 
+def split_workload(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:FILE`` -> (NAME, {"path": FILE}) for a workload whose builder takes a ``path`` knob
+    (``deepshare:trace.json``); anything else -> (text, {})."""
+    _discover()
+    name, sep, rest = text.partition(":")
+    entry = _ENTRIES.get(name)
+    if sep and rest and text not in _ENTRIES and entry is not None and "path" in entry.knobs:
+        return name, {"path": rest}
+    return text, {}
+
+
 def load_workload(name_or_path: str, *, seed: int = 0, **knobs) -> Workload:
-    """The workload named ``name_or_path``, or the CSV trace at that path.
+    """The workload named ``name_or_path`` (or ``NAME:FILE``, :func:`split_workload`), or the CSV
+    trace at that path.
 
     ``seed`` fixes every random draw (models, iteration times, sampling, arrivals), so the same
     name, seed and knobs give the same workload.
     """
     _discover()
+    name_or_path, given = split_workload(name_or_path)
+    if given and "path" in knobs:
+        raise WorkloadError(f"workload {name_or_path!r}: give the file as NAME:FILE or as the path knob, not both")
+    knobs = {**knobs, **given}
     entry = _ENTRIES.get(name_or_path)
     if entry is not None:
         unknown = sorted(set(knobs) - set(entry.knobs))
