@@ -432,8 +432,9 @@ def _add_contention(p: argparse.ArgumentParser) -> None:
                         "(DeepShare: 0.6); its app asks for GPUs again after one lease")
 
 
-def _contention(args: argparse.Namespace) -> dict[str, Any]:
-    """The contention table and preemption ratio, named only when given (kept runs stay keyed as before)."""
+def _contention(args: argparse.Namespace, on_anyway: bool = False) -> dict[str, Any]:
+    """The contention table and preemption ratio, named only when given (kept runs stay keyed as
+    before). ``on_anyway``: the command turns contention on itself (``experiment deepshare``)."""
     out: dict[str, Any] = {}
     if getattr(args, "contention", None) is not None:
         from agent.contention import load_table
@@ -441,7 +442,7 @@ def _contention(args: argparse.Namespace) -> dict[str, Any]:
         load_table(args.contention)  # a bad file fails now, not in a worker
         out["contention"] = args.contention
     if getattr(args, "preempt_at", None) is not None:
-        if "contention" not in out:
+        if "contention" not in out and not on_anyway:
             raise ValueError("--preempt-at needs --contention")
         out["preempt_at"] = args.preempt_at
     return out
@@ -610,7 +611,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         raise SystemExit(f"themis-sim: unknown experiment {args.name!r}; choose from {', '.join(EXPERIMENTS)}")
     run_experiment(args.name, args.out, quick=args.quick, seed=args.seed, seeds=args.seeds, workers=args.workers,
                    policies=_policies(args.policies), setup=args.setup, reuse=not args.fresh, **_blocks(args),
-                   **_contention(args))
+                   **_contention(args, on_anyway=args.name == "deepshare"))
     return 0
 
 

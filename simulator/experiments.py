@@ -413,7 +413,9 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, 
         console.print(f"[yellow]{name} --quick does not reproduce:[/] " + "; ".join(QUICK_CAVEATS))
     the_setup = Setup(out, quick, seed, seeds, workers, policies, setup, reuse=reuse)
     if contention is not None:  # D35 in every run of the figure
-        the_setup.run_options = {"contention": contention, **({"preempt_at": preempt_at} if preempt_at else {})}
+        the_setup.run_options = {"contention": contention}
+    if preempt_at is not None:  # with contention (given, or turned on by the experiment itself)
+        the_setup.run_options["preempt_at"] = preempt_at
     if admission is not None or convergence is not None:  # D33, D34 in every run of the figure
         if name == "blox-admission" and admission is not None:
             raise ValueError("blox-admission sweeps the admission policy itself; run it without --admission")
