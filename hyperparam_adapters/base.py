@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.appsched import JobInfo
 from agent.run_record import TunerJournal
 from agent.trial import TrialSpec  # re-exported: its home until issue 11; adapters outside this repo import it here
 from agent.tuner import Result, TunerAdapter  # re-exported: the agent's runner drives them, so they live there
@@ -126,3 +127,21 @@ class JournaledTuner:
             log.info("resumed from %s: %d reports and give-ups replayed; %s go on", self.journal.path, len(lines),
                      ", ".join(going_on) or "no trial")
         return going_on
+
+
+def lanes(heads: list[tuple[str, float, float]], queued: list[float], parallel: int, prefix: str, default: float,
+          slowdown: Any, demand: int) -> tuple[list[JobInfo], float]:
+    """A search's work as at most ``parallel`` lanes (D4, the curve-stopping adapters): each running
+    trial, ``(job id, serial iteration time, work left in s)``, heads a lane; lanes not headed start
+    from nothing (named ``<prefix>next-k``, at ``default`` s per iteration); the ``queued`` trials'
+    work goes, in order, onto the lane that frees first. One JobInfo per lane with work, and the
+    work left in all (GPU-seconds at S = 1)."""
+    count = min(parallel, len(heads) + len(queued))
+    heads = heads + [(f"{prefix}next-{k}", default, 0.0) for k in range(count - len(heads))]
+    loads = [w for _, _, w in heads]
+    for work in queued:
+        if loads:
+            k = loads.index(min(loads))
+            loads[k] += work
+    jobs = [JobInfo(load / t, t, slowdown, demand, job) for (job, t, _), load in zip(heads, loads) if load > 0]
+    return jobs, sum(loads)

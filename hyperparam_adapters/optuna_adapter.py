@@ -81,7 +81,7 @@ from agent.appsched import CurveStoppingScheduler, JobInfo
 from agent.fairness import split_allocation
 from agent.placement import NO_SLOWDOWN, Position, Slowdown, locality_of
 from agent.trial import TrialSpec
-from hyperparam_adapters.base import Result, TunerAdapter
+from hyperparam_adapters.base import Result, TunerAdapter, lanes
 
 __all__ = ["OptunaAdapter", "RungSchedule", "hyperband_bracket", "pruner_settings", "rung_schedule"]
 
@@ -531,20 +531,11 @@ class OptunaAdapter(TunerAdapter, CurveStoppingScheduler):
             t = self.measured_iter_time_serial(job) or default
             heads.append((job, t, self.expected_iterations_left(self._number[job], self._done[job], lengths) * t))
         future = max(0, self.n_trials - self._asked)
-        lanes = min(self.parallel, len(heads) + future)
-        heads += [(f"{self.job_prefix}next-{k}", default, 0.0) for k in range(lanes - len(heads))]
-        loads = [w for _, _, w in heads]
         first = len(self.study.get_trials(deepcopy=False))  # the number the next ask() gets
-        for number in range(first, first + future):
-            k = loads.index(min(loads))  # the lane that frees first runs the next trial
-            loads[k] += self.expected_iterations_left(number, 0.0, lengths) * default
-        jobs = [
-            JobInfo(load / t, t, self._slowdown, self.trial_demand, job)
-            for (job, t, _), load in zip(heads, loads)
-            if load > 0
-        ]
-        self._lanes = (self.version, jobs, sum(loads))
-        return jobs, self._lanes[2]
+        queued = [self.expected_iterations_left(number, 0.0, lengths) * default for number in range(first, first + future)]
+        jobs, total = lanes(heads, queued, self.parallel, self.job_prefix, default, self._slowdown, self.trial_demand)
+        self._lanes = (self.version, jobs, total)
+        return jobs, total
 
     # -- Figure 8 (curve stopping) --------------------------------------------------------------------
 

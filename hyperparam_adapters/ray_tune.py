@@ -101,7 +101,7 @@ from ray.tune.search.sample import Domain
 from agent.appsched import CurveStoppingScheduler, JobInfo
 from agent.placement import NO_SLOWDOWN, Position, Slowdown
 from agent.trial import TrialSpec
-from hyperparam_adapters.base import JournaledTuner, Result, TunerAdapter
+from hyperparam_adapters.base import JournaledTuner, Result, TunerAdapter, lanes
 
 __all__ = ["Rungs", "TuneAdapter", "asha_decisions_ahead", "hyperband_decisions_ahead", "scheduler_settings"]
 
@@ -668,17 +668,9 @@ class TuneAdapter(JournaledTuner, TunerAdapter, CurveStoppingScheduler):
                 queued.append(work)
         future = 0 if self._search_done else max(0, self.trials_planned() - len(self._trials))
         queued += [self.expected_iterations_left(None) * default] * future
-        lanes = min(self.parallel, len(heads) + len(queued))
-        heads += [(f"{self.job_prefix}next-{k}", default, 0.0) for k in range(lanes - len(heads))]
-        loads = [w for _, _, w in heads]
-        for work in queued:
-            if loads:
-                k = loads.index(min(loads))
-                loads[k] += work
-        jobs = [JobInfo(load / t, t, self.slowdown, self.trial_demand, job)
-                for (job, t, _), load in zip(heads, loads) if load > 0]
-        self._lanes = (self.version, jobs, sum(loads))
-        return jobs, self._lanes[2]
+        jobs, total = lanes(heads, queued, self.parallel, self.job_prefix, default, self.slowdown, self.trial_demand)
+        self._lanes = (self.version, jobs, total)
+        return jobs, total
 
     def jobs_remaining(self, gpu_alloc: Sequence[Position]) -> list[JobInfo]:
         """One JobInfo per lane: its running trial's expected end plus the trials queued behind it."""
