@@ -437,7 +437,7 @@ def _contention(args: argparse.Namespace, on_anyway: bool = False) -> dict[str, 
     before). ``on_anyway``: the command turns contention on itself (``experiment deepshare``)."""
     out: dict[str, Any] = {}
     if getattr(args, "contention", None) is not None:
-        from agent.contention import load_table
+        from arbiter.contention import load_table
 
         load_table(args.contention)  # a bad file fails now, not in a worker
         out["contention"] = args.contention

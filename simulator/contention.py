@@ -1,5 +1,5 @@
 """Network contention in the simulator (D35): every job's speed is its placement speed (Eq. 1, D1)
-times its contention ratio, from the other jobs on its machines, by the rule of ``agent.contention``.
+times its contention ratio, from the other jobs on its machines, by the rule of ``arbiter.contention``.
 
 ``themis-sim run|compare|experiment --contention FILE`` (a CSV of DeepShare's form, or
 ``deepshare`` for the shipped table) turns it on; without it nothing here runs and every outcome is
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.contention import (
+from arbiter.contention import (
     FLOOR,
     ClassMap,
     ContentionError,

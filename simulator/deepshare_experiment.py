@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.contention import SHIPPED, shipped_path
+from arbiter.contention import SHIPPED, shipped_path
 from simulator.runs import run_seeds
 from simulator.seeds import aggregate
 from simulator.workloads.deepshare import DEFAULT_TRACE

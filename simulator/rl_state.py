@@ -48,7 +48,7 @@ from functools import cached_property
 
 import numpy as np
 
-from agent.contention import FLOOR, ContentionTable, JobKind
+from arbiter.contention import FLOOR, ContentionTable, JobKind
 
 #: Reward weight of the contention term; w2 = 1 - w1 (the paper's branch B, its headline figures).
 W1 = 0.4

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.contention import (
+from agent.placement import load_profiles
+from arbiter.cluster import load_cluster
+from arbiter.contention import (
     FLOOR,
     ContentionError,
     JobKind,
@@ -24,8 +26,6 @@ from agent.contention import (
     parse_table,
     ratio_of,
 )
-from agent.placement import load_profiles
-from arbiter.cluster import load_cluster
 from arbiter.policies import make_policy
 from simulator.cli import main
 from simulator.contention import ContentionModel

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agent.contention import FLOOR, load_table
 from arbiter.cluster import load_cluster
+from arbiter.contention import FLOOR, load_table
 from simulator.contention import ContentionModel
 from simulator.engine import Simulation
 from simulator.rl_env import HELD_OUT, ROUND_S, TRAIN_TRACES, DeepShareEnv

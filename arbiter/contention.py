@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib.util
 import io
 import math
 import tomllib
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -198,8 +198,17 @@ def parse_table(text: str, source: str) -> ContentionTable:
     return ContentionTable(ratios, source)
 
 
+def _profiles_dir() -> Path:
+    """``agent/profiles/``, where the tables agents read live, found as the installed package's data
+    without importing that package (it sits a layer up), as ``arbiter.profiles`` finds its table."""
+    spec = importlib.util.find_spec("agent")
+    if spec is None or not spec.submodule_search_locations:
+        raise ContentionError("agent/profiles: the agent package's data is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "profiles"
+
+
 def shipped_path(name: str) -> Path:
-    return Path(str(resources.files("agent") / "profiles" / SHIPPED[name]))
+    return _profiles_dir() / SHIPPED[name]
 
 
 def load_table(name_or_path: str | Path = "deepshare") -> ContentionTable:
@@ -277,5 +286,5 @@ def parse_classes(text: str, label: str) -> ClassMap:
 @functools.cache
 def load_classes() -> ClassMap:
     """The shipped class mapping."""
-    text = (resources.files("agent") / "profiles" / CLASSES_FILE).read_text(encoding="utf-8")
+    text = (_profiles_dir() / CLASSES_FILE).read_text(encoding="utf-8")
     return parse_classes(text, f"agent/profiles/{CLASSES_FILE}")
