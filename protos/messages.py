@@ -24,6 +24,17 @@ class BidTable:
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """A job already running on a machine of an offer, as much as network contention depends on
+    (D35) and no more: its model's contention class, its GPUs and how many machines they span. No
+    app names: an agent prices the contention a row would suffer, the arbiter the harm it would do."""
+
+    cls: str
+    gpus: int
+    machines: int
+
+
+@dataclass(frozen=True)
 class Offer:
     """A round's non-binding offer (paper 4.2.2 step 2): the free GPUs with their place in the
     hierarchy, the time, and the app's N_avg (D5)."""
@@ -36,6 +47,7 @@ class Offer:
     deadline: float = math.inf
     held: Mapping[str, Position] = field(default_factory=dict)
     previous: Mapping[str, Position] = field(default_factory=dict)  # its GPUs whose lease just ran out
+    neighbourhood: Mapping[str, tuple[Neighbour, ...]] = field(default_factory=dict)  # machine -> who runs there
 
 
 @dataclass(frozen=True)

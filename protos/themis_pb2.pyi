@@ -185,7 +185,7 @@ class PhaseWork(_message.Message):
     def __init__(self, seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Offer(_message.Message):
-    __slots__ = ("round_id", "gpus", "now", "n_avg", "cluster_size", "deadline", "held", "previous")
+    __slots__ = ("round_id", "gpus", "now", "n_avg", "cluster_size", "deadline", "held", "previous", "neighbours")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class Offer(_message.Message):
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuPlace]
     now: float
@@ -202,7 +203,20 @@ class Offer(_message.Message):
     deadline: float
     held: _containers.RepeatedCompositeFieldContainer[GpuPlace]
     previous: _containers.RepeatedCompositeFieldContainer[GpuPlace]
-    def __init__(self, round_id: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., deadline: _Optional[float] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., previous: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ...) -> None: ...
+    neighbours: _containers.RepeatedCompositeFieldContainer[Neighbour]
+    def __init__(self, round_id: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., deadline: _Optional[float] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., previous: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ...) -> None: ...
+
+class Neighbour(_message.Message):
+    __slots__ = ("machine", "cls", "gpus", "machines")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    CLS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    MACHINES_FIELD_NUMBER: _ClassVar[int]
+    machine: str
+    cls: str
+    gpus: int
+    machines: int
+    def __init__(self, machine: _Optional[str] = ..., cls: _Optional[str] = ..., gpus: _Optional[int] = ..., machines: _Optional[int] = ...) -> None: ...
 
 class Bid(_message.Message):
     __slots__ = ("round_id", "app", "rho_old", "rows")

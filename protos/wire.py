@@ -12,7 +12,17 @@ import math
 from collections.abc import Iterable, Mapping
 
 from protos import themis_pb2 as pb
-from protos.messages import MAX_PHASES, WORK_COLUMNS, BidTable, Offer, Position, RhoReport, RhoRequest, WorkClaim
+from protos.messages import (
+    MAX_PHASES,
+    WORK_COLUMNS,
+    BidTable,
+    Neighbour,
+    Offer,
+    Position,
+    RhoReport,
+    RhoRequest,
+    WorkClaim,
+)
 
 
 class WireError(ValueError):
@@ -49,15 +59,38 @@ def rho_request(msg: pb.RhoRequest, app: str) -> RhoRequest:
                       frozenset(msg.extras), msg.lottery_commitment)
 
 
+MAX_NEIGHBOURS = 4096  # jobs listed around one offer: more than any cluster's machines hold jobs
+MAX_CLASS_CHARS = 64
+
+
 def offer_pb(offer: Offer) -> pb.Offer:
     return pb.Offer(round_id=offer.round_id, gpus=places(offer.gpus), now=offer.now, n_avg=offer.n_avg,
                     cluster_size=offer.cluster_size, deadline=offer.deadline, held=places(offer.held),
-                    previous=places(offer.previous))
+                    previous=places(offer.previous),
+                    neighbours=[pb.Neighbour(machine=m, cls=n.cls, gpus=n.gpus, machines=n.machines)
+                                for m, around in offer.neighbourhood.items() for n in around])
+
+
+def neighbourhood(items: Iterable[pb.Neighbour]) -> dict[str, tuple[Neighbour, ...]]:
+    """The offer's neighbours by machine; a count, class, GPU or machine number that cannot be a job
+    raises :class:`WireError` naming the entry."""
+    out: dict[str, list[Neighbour]] = {}
+    for k, n in enumerate(items):
+        if k >= MAX_NEIGHBOURS:
+            raise WireError(f"offer lists more than {MAX_NEIGHBOURS} neighbours")
+        if not n.machine or not n.cls or len(n.cls) > MAX_CLASS_CHARS:
+            raise WireError(f"neighbour {k}: machine and class must be non-empty (class at most "
+                            f"{MAX_CLASS_CHARS} characters), got {n.machine[:64]!r}, {n.cls[:64]!r}")
+        if n.gpus < 1 or n.machines < 1:
+            raise WireError(f"neighbour {k} on {n.machine[:64]!r}: gpus and machines must be >= 1, "
+                            f"got {n.gpus} and {n.machines}")
+        out.setdefault(n.machine, []).append(Neighbour(n.cls, n.gpus, n.machines))
+    return {m: tuple(around) for m, around in out.items()}
 
 
 def offer(msg: pb.Offer) -> Offer:
     return Offer(msg.round_id, positions(msg.gpus), msg.now, msg.n_avg, msg.cluster_size, msg.deadline,
-                 positions(msg.held), positions(msg.previous))
+                 positions(msg.held), positions(msg.previous), neighbourhood(msg.neighbours))
 
 
 def report_pb(report: RhoReport, round_id: int, app: str) -> pb.RhoReport:

@@ -34,3 +34,25 @@ def test_the_package_is_versioned():
 
     assert themis_pb2.DESCRIPTOR.package == "themis.v1"
     assert "Arbiter" in themis_pb2.DESCRIPTOR.services_by_name
+
+
+def test_an_offer_carries_its_neighbourhood_and_refuses_a_job_that_cannot_be():
+    """The offer's neighbours (D35) survive the wire by machine; a neighbour with no class or no
+    GPUs is refused with which entry and why."""
+    import pytest
+
+    from protos import themis_pb2 as pb
+    from protos import wire
+    from protos.messages import Neighbour, Offer
+
+    sent = Offer(3, {"g0": ("r0", "m0", "s0")}, 10.0, 2.0, 8,
+                 neighbourhood={"m0": (Neighbour("MoE", 8, 4), Neighbour("GraphSage", 2, 2)),
+                                "m1": (Neighbour("MoE", 8, 4),)})
+    assert wire.offer(wire.offer_pb(sent)) == sent
+    bad = wire.offer_pb(sent)
+    bad.neighbours.append(pb.Neighbour(machine="m2", cls="MoE", gpus=0, machines=1))
+    with pytest.raises(wire.WireError, match=r"neighbour 3 on 'm2': gpus and machines must be >= 1"):
+        wire.offer(bad)
+    bad.neighbours[3].gpus, bad.neighbours[3].cls = 1, ""
+    with pytest.raises(wire.WireError, match="neighbour 3: machine and class must be non-empty"):
+        wire.offer(bad)
