@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from agent.appsched import AppScheduler
 from agent.bidding import DEFAULT_ALTERNATIVES, make_bid
+from agent.contention_pricing import ContentionPricing
 from agent.fairness import TimeLeftCache, finish_time_fairness, waiting_rho, work_of_shape
 from agent.placement import NO_SLOWDOWN, Position, canonical_shape
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest, WorkClaim
@@ -29,6 +30,7 @@ class Agent:
     alternatives: int = DEFAULT_ALTERNATIVES
     name: str = ""  # the app's name: orders equally good candidate containers its own way (D7)
     restart_s: float = 0.0  # what moving its jobs to other GPUs costs it (D11): bids carry it (D17)
+    contention: ContentionPricing | None = None  # D36: its class and the table; prices Offer.neighbourhood
     _cache: TimeLeftCache | None = field(default=None, repr=False)
 
     def _left(self) -> TimeLeftCache:
@@ -78,4 +80,4 @@ class Agent:
 
     def bid(self, offer: Offer) -> BidTable:
         return make_bid(self.app, offer, alternatives=self.alternatives, time_left=self._left(), salt=self.name,
-                        restart_s=self.restart_s)
+                        restart_s=self.restart_s, contention=self.contention)

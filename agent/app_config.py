@@ -40,6 +40,7 @@ class AppContext:
     cluster_size: int
     n_avg: float
     now: float
+    model: str = ""  # the [app] model, if named: its contention class (D35) when the arbiter models it
 
 
 def _number(table: Mapping, key: str, where: str, *, positive: bool = True, default=None) -> float:
@@ -161,7 +162,7 @@ def app_from_mapping(data: Mapping, label: str) -> tuple[AppScheduler, AppContex
     if n_avg < 1:
         raise AppConfigError(f"{cwhere}.n_avg must be >= 1 (D5), got {n_avg}")
     now = _number(ctx, "now", cwhere, positive=False, default=start)
-    return scheduler, AppContext(size, n_avg, now)
+    return scheduler, AppContext(size, n_avg, now, str(app.get("model", "")))
 
 
 def load_app(path: str | Path) -> tuple[AppScheduler, AppContext]:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from agent.appsched import AppScheduler
+from agent.contention_pricing import ContentionPricing, current_jobs, quiet_sets
 from agent.fairness import TimeLeftCache, finish_time_fairness, least_time_left
 from agent.placement import Position
 from protos.messages import BidTable, Offer
@@ -299,6 +300,7 @@ def make_bid(
     time_left: Callable[[Sequence[Position]], float] | None = None,
     salt: str = "",
     restart_s: float = 0.0,
+    contention: ContentionPricing | None = None,
 ) -> BidTable:
     """The app's bid table for ``offer`` (D7): rho_old plus one row per useful candidate subset.
 
@@ -307,14 +309,21 @@ def make_bid(
     app's name) orders equally good containers the app's own way. ``restart_s`` is what a restart
     costs the app (D11, D17): an allocation other than the GPUs it runs on now (what it holds plus
     its GPUs whose lease just ran out) moves its jobs, so that allocation's rho carries one restart;
-    winning back exactly what it runs on carries none."""
+    winning back exactly what it runs on carries none. With ``contention`` (D36), each allocation's
+    time left is divided by the lowest contention ratio its jobs would run at there, next to the
+    offer's neighbourhood and each other (``agent.contention_pricing``)."""
     held = dict(offer.held if held is None else held)
     held_positions = list(held.values())
     left_of = time_left or TimeLeftCache(app)
     running = frozenset(held) | frozenset(offer.previous)
 
+    pricing = contention
+    jobs = current_jobs(app, held_positions) if pricing is not None else []
+
     def rho(positions: list[Position], gpus: frozenset[str]) -> float:
         left = left_of(positions)
+        if pricing is not None and left and math.isfinite(left):
+            left /= pricing.factor(jobs, positions, offer.neighbourhood)
         if restart_s and running and gpus != running:
             left += restart_s
         return finish_time_fairness(
@@ -339,6 +348,9 @@ def make_bid(
         if not counts:
             return BidTable(rho_old, ())
     candidates = candidate_sets(offer.gpus, held, counts, alternatives, offer.previous, salt)
+    if pricing is not None:
+        known = set(candidates)
+        candidates += [c for c in quiet_sets(offer.gpus, offer.neighbourhood, counts) if c not in known]
     mine = frozenset(g for g in offer.previous if g in offer.gpus)
     if mine and len(mine) <= remaining and len(mine) not in counts:
         # D10, D17: winning back exactly what it runs on is the one row without a restart, whatever

@@ -86,14 +86,14 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agent.client import AgentClient, AgentStopped, register_or_stop
     from agent.credential import CredentialFileError, keep_credential, read_credential
-    from agent.emulated import EmulatedJobs
+    from agent.emulated import EmulatedJobs, contention_class
     from agent.emulated_record import EmulatedRunRecord, TellingAgent
     from protos import exits
 
     if args.quiet:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
-        app, _ = load_app(args.app)
+        app, ctx = load_app(args.app)
     except AppConfigError as exc:
         print(f"themis-agent: {exc}", file=sys.stderr)
         return exits.USAGE
@@ -125,7 +125,7 @@ def run_agent(args: argparse.Namespace) -> int:
         agent = TellingAgent(app, name=name)
         client = AgentClient(agent, name, args.arbiter, credential, tls_ca=tls_ca, take_over=args.take_over,
                              first_connect_timeout_s=args.connect_timeout, credential_file=cred_file)
-        jobs = EmulatedJobs(client, app, speedup=args.speedup)
+        jobs = EmulatedJobs(client, app, speedup=args.speedup, cls=contention_class(ctx.model))
         record = EmulatedRunRecord(client, agent, args.workdir, trials=jobs.trials, quiet=args.quiet)
         jobs.on_result = record.trial
         loop = asyncio.get_running_loop()

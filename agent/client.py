@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from agent.agent import Agent
+from agent.contention_pricing import ContentionPricing
+from arbiter.contention import ContentionError, load_table
 from protos import exits, wire
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 from protos.exits import Stopped, rpc_cause
-from protos.messages import Position
+from protos.messages import Neighbour, Position, RunningJob
 from protos.rpc import bearer, channel, issue_token, register
 
 __all__ = ["AgentClient", "AgentStopped", "HeldGpu", "NoCredential", "channel", "issue_token", "register",
@@ -88,6 +90,16 @@ async def register_or_stop(target: str, app: str, token: str, *, tls_ca: bytes |
         raise AgentStopped(stopped.why, stopped.reason, stopped.fix, stopped.exit_code) from None
 
 
+def _pricing(table: str, cls: str) -> ContentionPricing | None:
+    """D36: what the agent prices an offer's neighbourhood with, from the table and class the arbiter
+    names; None (it bids unaware) when this machine cannot read that table."""
+    try:
+        return ContentionPricing(load_table(table), cls)
+    except ContentionError as exc:
+        log.warning("bids price no contention: %s", exc)
+        return None
+
+
 class _Silent(Exception):
     """No message (not even a heartbeat) for too long: the stream is broken."""
 
@@ -110,6 +122,10 @@ class AgentClient:
     take_over: bool = False  # replace a live stream of the app at the first connect (--take-over)
     first_connect_timeout_s: float | None = 120.0  # never welcomed for this long: AgentStopped("unreachable")
     credential_file: object = None  # where the credential came from, named in what to do when it is refused
+    #: D35, while the arbiter models contention: its table and this app's class, and the other apps'
+    #: jobs on the machines it holds GPUs on (a Neighbourhood message); None / empty otherwise
+    contention: tuple[str, str] | None = None
+    neighbourhood: dict[str, tuple[Neighbour, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.agent.name:
@@ -130,6 +146,7 @@ class AgentClient:
         self._done_at: float | None = None  # time.monotonic() of done()
         self._lost_since: float | None = None  # time.monotonic() the stream was lost after a Welcome, till the next
         self._lost_said = ""  # the cause last warned of while it is lost
+        self._jobs: tuple[RunningJob, ...] = ()  # the running jobs last reported (D35)
 
     # -- what the app does -----------------------------------------------------------------------
 
@@ -149,6 +166,13 @@ class AgentClient:
 
     def set_demand(self, demand: int) -> None:
         self._put(pb.AgentMessage(demand=pb.DemandUpdate(app=self.app, demand=demand)))
+
+    def report_jobs(self, jobs) -> None:
+        """D35: the app's running jobs now (``RunningJob``s). Sent only while the arbiter models
+        contention (it said so with a Neighbourhood); kept, and sent again after a reconnect."""
+        self._jobs = tuple(jobs)
+        if self.contention is not None:
+            self._put(pb.AgentMessage(jobs=wire.running_jobs_pb(self.app, self._jobs)))
 
     def done(self) -> None:
         """The app finished: its leases end and it leaves the rounds; the client then stops."""
@@ -349,6 +373,8 @@ class AgentClient:
                 log.warning("%s reconnected to %s after %.1f s; holds %d GPU%s", self.app, self.target,
                             time.monotonic() - self._lost_since, len(self.held), "" if len(self.held) == 1 else "s")
                 self._lost_since, self._lost_said = None, ""
+            self.contention = None  # a Neighbourhood follows if the arbiter models contention
+            self.neighbourhood = {}
             self.ever_welcomed = True
             self.welcomed.set()
         elif kind == "rho_request":
@@ -374,6 +400,15 @@ class AgentClient:
                 del self.held[g]
             if self.on_revoke:
                 self.on_revoke(list(msg.revocation.gpus), msg.revocation.reason)
+        elif kind == "neighbourhood":
+            told = msg.neighbourhood
+            first = self.contention is None
+            self.contention = (told.table, told.cls)
+            self.neighbourhood = wire.neighbourhood(told.neighbours)
+            if first and told.cls and self.agent.contention is None:
+                self.agent.contention = _pricing(told.table, told.cls)
+            if first and self._jobs:
+                self._put(pb.AgentMessage(jobs=wire.running_jobs_pb(self.app, self._jobs)))
         elif kind == "rejection":
             self.rejections.append(msg.rejection)
             log.warning("arbiter rejected %s's %s: %s", self.app, msg.rejection.what, msg.rejection.reason)

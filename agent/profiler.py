@@ -32,6 +32,16 @@ count of u, and:
   the wrong order are pooled, and a level nobody measured follows its measured neighbour instead of
   pulling it back towards the prior (cross-rack is at least as slow as cross-machine).
 
+The measured contention ratio (D35's measured side). A job spread over machines shares their
+network with its neighbours; the table predicts what that costs, the profiler measures it: per job,
+``ratio = sum of expected iteration times / sum of measured ones`` over its last ``RATIO_WINDOW``
+reports since its GPU set last changed (neighbours come and go while a job stays put), where the
+expected time is the job's *profile* on those GPUs, ``serial * S_L / min(|G|, demand)`` with the
+profile's S (the prior, not the learned S, which would absorb the contention it is meant to show)
+and the job's profiled serial time (:meth:`Profiler.profile_job`), else its own one-GPU reports,
+else the app's serial time. 1 is as profiled; 0.6 is 40% slower. A profile that is wrong reads as
+contention (or its absence): the ratio is only as good as the profile.
+
 :meth:`Profiler.apply` hands the learned slowdown (and serial times, where the app takes them) to
 an app scheduler and calls ``app.touch()``, so agents recompute rho and bids follow reality.
 """
@@ -42,6 +52,7 @@ import asyncio
 import logging
 import math
 import numbers
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -58,6 +69,7 @@ log = logging.getLogger("themis.profiler")
 
 LEVELS = 4  # D1: slot, machine, rack, cluster
 DEFAULT_PRIOR_WEIGHT = 5.0
+RATIO_WINDOW = 8  # reports a measured contention ratio is taken over: neighbours come and go while a job stays
 _EPSILON_WEIGHT = 1e-9  # weight of a level nobody measured in the monotone fit
 
 
@@ -191,6 +203,9 @@ class Profiler:
         self.reports = 0
         self.rejected = 0  # bus messages that were not usable reports
         self._cache: tuple[int, Slowdown, float | None] | None = None
+        self._profiled: dict[str, tuple[float, Slowdown]] = {}  # job -> its profiled serial time and S
+        self._ratio: dict[str, list[Any]] = {}  # job -> [its GPUs, its last (expected, measured) times] (D35)
+        self.ratio_window = RATIO_WINDOW
 
     @classmethod
     def for_model(
@@ -212,6 +227,7 @@ class Profiler:
         n = len(m.gpus)
         self.reports += 1
         self._cache = None
+        self._track_ratio(job_id, m)
         if n == 1:
             cell = self._single.setdefault(job_id, [0.0, 0])
             cell[0] += m.iter_time_s
@@ -222,6 +238,52 @@ class Profiler:
         cell[0] += m.iter_time_s * min(n, m.demand)
         cell[1] += 1
         return level
+
+    def profile_job(self, job_id: str, iter_time_serial: float, slowdown: Slowdown | None = None) -> None:
+        """What ``job_id`` is expected to take per iteration alone (its serial time, and its S by D1
+        level; the prior when not given): the baseline of its measured contention ratio."""
+        if not (iter_time_serial > 0 and math.isfinite(iter_time_serial)):
+            raise ValueError(f"iter_time_serial must be finite and > 0, got {iter_time_serial!r}")
+        self._profiled[job_id] = (float(iter_time_serial), self.prior if slowdown is None else tuple(slowdown))
+
+    def _expected(self, job_id: str, gpus: Sequence[Position], demand: int) -> float | None:
+        """The job's profiled iteration time on ``gpus`` (module docstring); None when unknown."""
+        profiled = self._profiled.get(job_id)
+        if profiled is not None:
+            serial, slowdown = profiled
+        else:
+            serial, slowdown = self.job_iter_time_serial(job_id) or self._app_serial(), self.prior
+        if serial is None:
+            return None
+        n = len(gpus)
+        return serial * (1.0 if n == 1 else slowdown[locality_of(gpus)]) / min(n, demand)
+
+    def _track_ratio(self, job_id: str, m: JobMetrics) -> None:
+        expected = self._expected(job_id, m.gpus, m.demand)
+        if expected is None:
+            return
+        where = tuple(sorted(m.gpus))
+        cell = self._ratio.get(job_id)
+        if cell is None or cell[0] != where:  # moved: a new placement, new neighbours
+            cell = self._ratio[job_id] = [where, deque(maxlen=self.ratio_window)]
+        cell[1].append((expected, m.iter_time_s))
+
+    def contention_ratio(self, job_id: str) -> float | None:
+        """The job's measured contention ratio on its current GPUs (module docstring): its profiled
+        iteration time over the measured one; None before a report it can be computed from."""
+        cell = self._ratio.get(job_id)
+        if cell is None or not cell[1]:
+            return None
+        return sum(e for e, _ in cell[1]) / sum(s for _, s in cell[1])
+
+    def contention_ratios(self) -> dict[str, float]:
+        """Every job's measured contention ratio (jobs with none left out)."""
+        return {job: r for job in sorted(self._ratio) if (r := self.contention_ratio(job)) is not None}
+
+    def forget_job(self, job_id: str) -> None:
+        """The job ended: no ratio for it any more (its iteration samples stay in the estimate)."""
+        self._ratio.pop(job_id, None)
+        self._profiled.pop(job_id, None)
 
     def consume(self, event: Event) -> tuple[str, JobMetrics] | None:
         """Take one bus event from ``.../jobs/<job>/metrics``; None (and ``rejected`` + 1, logged) when

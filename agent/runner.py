@@ -20,6 +20,9 @@ grant, revocation or report arrives:
 3. **Demand**: ``client.set_demand(adapter.demand_now())`` whenever it changes (D6), and GPUs beyond
    the demand that no job uses are released at once (a rung finished, trials ended).
 4. **End**: when the adapter is finished and no job runs, ``client.done()``.
+5. **Contention** (D35, only while the arbiter models it): the running jobs' GPUs and each job's
+   contention ratio as the profiler measures it go to the arbiter (``client.report_jobs``), which
+   tells other apps' offers who runs where and publishes the ratios.
 
 A job that fails (non-zero exit it was not asked for, or a clean exit without progress) is restarted
 from its checkpoint up to ``max_failures`` times, then given up: ``adapter.fail(job)`` when the
@@ -67,6 +70,7 @@ from agent.profiler import Profiler, parse_metrics
 from agent.run_record import PLOT, RunRecord, history, plot
 from agent.search_run import SearchRun
 from agent.termination import ConvergenceRule, LossWatch
+from protos.messages import RunningJob
 
 if TYPE_CHECKING:
     from agent.trial import TrialSpec
@@ -194,6 +198,7 @@ class AppRunner:
         self._progress: dict[str, float] = {}  # job -> highest iteration reported
         self._hold: dict[str, float] = {}  # job -> monotonic time before which it is not restarted
         self._stopped_for: dict[str, str] = {}  # job -> why its last run was stopped
+        self._told_jobs: tuple | None = None  # (jobs and their GPUs, ratios) last reported (D35)
         self._resuming: dict[str, tuple[str | None, float]] = {}  # job -> (why it was stopped, start iteration), till it reports
         self._heard: Counter[str] = Counter()  # job -> usable reports the runner took in (any channel)
         self._heard_at_start: dict[str, int] = {}  # job -> _heard when its current run started
@@ -531,6 +536,8 @@ class AppRunner:
             self._note("start", job=job, gpus=list(gpus), resumed=run.resumed, start_iteration=spec.start_iteration,
                        target_iteration=spec.target_iteration, after=after)
         self._check_failing()
+        if getattr(self.client, "contention", None) is not None:  # D35: the arbiter models contention
+            self._tell_jobs()
         demand = self.adapter.demand_now()
         self._update_demand(demand)
         self._sample_rho(held)
@@ -540,6 +547,20 @@ class AppRunner:
             if spare:
                 self.client.release(spare)
                 self._note("release", gpus=spare)
+
+    def _tell_jobs(self) -> None:
+        """D35, while the arbiter models contention: the running jobs' GPUs and the contention ratio
+        the profiler measured for each, sent when where they run changes or a ratio moves by a percent."""
+        jobs = []
+        for job, run in sorted(self.launcher.live().items()):
+            if run.active and run.gpus:
+                measured = self.profiler.contention_ratio(job) if self.profiler is not None else None
+                jobs.append(RunningJob(job, frozenset(run.gpus), ratio=0.0 if measured is None else min(1.0, measured)))
+        where, ratios = tuple((j.job, j.gpus) for j in jobs), [j.ratio for j in jobs]
+        told = self._told_jobs
+        if told is None or where != told[0] or any(abs(a - b) > 0.01 for a, b in zip(ratios, told[1])):
+            self._told_jobs = (where, ratios)
+            self.client.report_jobs(jobs)
 
     # -- placement ---------------------------------------------------------------------------------
 

@@ -11,12 +11,13 @@
    the product of valuations (Nash-welfare convention for zero valuations).
 3. **Hidden payments.** For each winner i, re-solve without i and set c_i = prod_{j != i} V_j(PF) /
    prod_{j != i} V_j(PF without i). When every contender can be served (the usual case) 0 < c_i <= 1.
+   Optionally (D39) the re-solve waits for the draw: bounds that cost no re-solve often decide it.
    Only when i's row leaves another contender with nothing that would be served without i (a table
    too narrow for the offer, e.g. a liar's that hides its small rows) is c_i = 0: the Nash product's
    numerator has a zero valuation.
 4. **All-or-nothing lottery** (D15). A winner receives its whole PF row with probability c_i (one
-   seeded draw per app), else nothing; what is not received is leftover (Pseudocode 1 line 11) for
-   the round engine to hand out (D9). Expected value of what i receives: exactly c_i V_i(G_i).
+   draw per app, spread evenly around one shared draw, D38), else nothing; what is not received
+   is leftover (Pseudocode 1 line 11) for the round engine to hand out (D9). Expected value of what i receives: exactly c_i V_i(G_i).
 
 Deterministic outcomes (D16). Weights are integers: L = round(QUANTUM * log V), so rows whose values
 differ by less than about 0.1% tie, and among optimal allocations the auction always returns the
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from arbiter.lottery import auction_draws
 from protos.messages import BidTable, Position
 
 MAX_ROWS = 4096
@@ -87,7 +88,8 @@ class AuctionOutcome:
     """What one auction decided (Pseudocode 1 line 12).
 
     ``hidden_payment`` maps each bidder to c_i, the probability that it receives its PF row (the
-    hidden payment proper is the other 1 - c_i); ``granted`` is what the lottery gave. ``contenders``
+    hidden payment proper is the other 1 - c_i), but for the winners in ``payment_bounds`` (D39);
+    ``granted`` is what the lottery gave. ``contenders``
     are the bidders that took part in the PF allocation, in priority order; bidders beyond them, and
     contenders the PF left out, were not served. ``canonical`` is False only if both ways to find the
     canonical allocation after a MILP ran out of budget and the MILP's own optimum was kept (D16).
@@ -104,6 +106,9 @@ class AuctionOutcome:
     shadows: tuple[str, ...] = ()  # contenders shut out by the big smallest rows of those before them (D25)
     admitted: tuple[str, ...] = ()  # the contenders that took part in the PF allocation (D25)
     draws: Mapping[str, float] = field(default_factory=dict)  # each PF winner's lottery draw: kept iff < c_i (D15)
+    # D39: (lo, hi) around c_i for the winners whose lottery its bounds decided (no exact c_i; they
+    # are not in ``hidden_payment``); empty unless the auction ran with exact_payments=False
+    payment_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def validate_bid(app: str, bid: BidTable, offered: frozenset[str], max_rows: int = MAX_ROWS) -> None:
@@ -159,15 +164,22 @@ class _Component:
     rows: list[list[Row]]  # per app, in canonical order (``_undominated``)
 
 
-def _log_values(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int]) -> dict[str, list[tuple[int, int, int]]]:
-    """(mask, L, row index) of every useful row, per app (D15, D16); apps with none are left out."""
+def _log_values(bids: Mapping[str, BidTable], gpu_bit: Mapping[str, int],
+                harm: Mapping[str, Sequence[float]] | None = None) -> dict[str, list[tuple[int, int, int]]]:
+    """(mask, L, row index) of every useful row, per app (D15, D16); apps with none are left out.
+    With ``harm`` (D36: per app, per row, the factor in (0, 1] by which the row slows the jobs
+    already running next to it), a row's value in the Nash product is V x h: the incumbents are
+    passive participants whose values the arbiter knows."""
     out = {}
     for app, bid in bids.items():
         rows = []
+        hurt = harm.get(app) if harm else None
         for k, (gpus, rho) in enumerate(bid.rows):
             value = row_value(rho, bid.rho_old)
             if value <= 0:
                 continue
+            if hurt is not None:
+                value *= hurt[k]
             mask = 0
             for g in gpus:
                 mask |= gpu_bit[g]
@@ -632,6 +644,9 @@ class _Relaxation:
         n = self.n = len(self.cols)
         self.costs = np.array([float(comp.rows[i][r][1]) for i, r in self.cols])
         self.groups = [v for v in (*self.by_app.values(), *self.by_gpu.values()) if len(v) > 1]
+        # the GPU bit of each GPU row among ``groups`` (0 for an app's row), for ``lagrangian``
+        self.group_gpu = [0 for v in self.by_app.values() if len(v) > 1] + \
+            [gpu for gpu, v in self.by_gpu.items() if len(v) > 1]
         self.h = self.model()
         self.h.setOptionValue("presolve", "off")
         self.ok = highspy.HighsModelStatus.kOptimal
@@ -670,6 +685,26 @@ class _Relaxation:
             return math.inf, None
         bound = h.getInfo().objective_function_value
         return bound, _integral_optimum(self.comp, self.cols, h.getSolution().col_value, bound)
+
+    def lagrangian(self, skip: int | None) -> int:
+        """An upper bound on every allocation without ``skip`` within the bounds, in exact integers
+        (D39): the last solution's GPU duals, rounded to integers >= 0, as prices (``_search``'s
+        bound). Any prices give a valid bound and the duals about the tightest, so it is about the LP
+        optimum without trusting the LP's last digits."""
+        np = self.np
+        duals = self.h.getSolution().row_dual
+        price = np.zeros(self.n, dtype=np.int64)
+        total = 0
+        for k, gpu in enumerate(self.group_gpu):
+            p = round(abs(duals[k])) if gpu else 0
+            if p > 0:
+                total += p
+                price[self.by_gpu[gpu]] += p
+        reduced = self.costs.astype(np.int64) - price
+        for i, cols in self.by_app.items():
+            if i != skip:
+                total += max(0, max((int(reduced[c]) for c in cols if self.upper[c] > 0.5), default=0))
+        return total
 
     def rounded(self) -> list[int]:
         """An allocation near the last (fractional) solution, within the current bounds: rows by
@@ -720,9 +755,10 @@ class _HighsModel:
                                     np.array([highspy.HighsVarType.kInteger] * n))
         return self.h
 
-    def solve(self, skip: int | None, floor: int | None = None) -> list[int]:
-        """An optimum with app ``skip``'s rows fixed to 0: the LP relaxation's when integral, else
-        the MILP's. The MILP leaves out every row whose LP reduced cost proves it in no allocation
+    def solve(self, skip: int | None, floor: int | None = None, start: Sequence[int] | None = None) -> list[int]:
+        """An optimum with app ``skip``'s rows fixed to 0: the LP relaxation's when integral, the
+        better of ``start`` (worth ``floor``) and the rounded LP solution when it reaches the exact
+        Lagrangian bound (``_Relaxation.lagrangian``, D39), else the MILP's. The MILP leaves out every row whose LP reduced cost proves it in no allocation
         worth ``floor`` (reduced-cost fixing): with LP optimum z and reduced cost d <= 0 of a row
         at 0, any allocation using the row is worth at most z + d. ``floor`` is the better of a
         known allocation's value (the PF solution minus ``skip``, when given) and the rounded LP
@@ -741,7 +777,13 @@ class _HighsModel:
                 return choice
             out = skipped
             if bound < math.inf:
-                floor = max(_value(self.lp.comp, self.lp.rounded()), floor or 0)
+                rounded = self.lp.rounded()
+                floor = max(_value(self.lp.comp, rounded), floor or 0)
+                if floor >= self.lp.lagrangian(skip):
+                    if _value(self.lp.comp, rounded) == floor:
+                        return rounded
+                    if start is not None and _value(self.lp.comp, start, skip) == floor:
+                        return [r if i != skip else -1 for i, r in enumerate(start)]
                 reduced = np.minimum(np.asarray(self.lp.h.getSolution().col_dual), 0.0)
                 out = np.union1d(skipped, np.flatnonzero(bound + reduced < floor - 0.5)).astype(np.int32)
             h = self._milp()
@@ -751,6 +793,23 @@ class _HighsModel:
                 return self.lp.choice(h.getSolution().col_value)
             finally:
                 h.changeColsBounds(len(out), out, np.zeros(len(out)), np.ones(len(out)))
+        finally:
+            self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.ones(len(skipped)))
+
+    def relaxed(self, skip: int) -> tuple[float, list[int] | None, list[int] | None]:
+        """The LP relaxation with app ``skip``'s rows fixed to 0 (D39): (an upper bound on every
+        allocation without it, its solution when integral and provably optimal, else its rounded
+        solution). The bound is the exact Lagrangian one; infinite when the LP did not solve."""
+        np = self.np
+        skipped = np.array(self.lp.by_app.get(skip, []), dtype=np.int32)
+        self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.zeros(len(skipped)))
+        try:
+            bound, choice = self.lp.solve()
+            if choice is not None:
+                return _value(self.lp.comp, choice), choice, None
+            if bound == math.inf:
+                return math.inf, None, None
+            return self.lp.lagrangian(skip), None, self.lp.rounded()
         finally:
             self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.ones(len(skipped)))
 
@@ -823,21 +882,47 @@ class _ComponentSolver:
         self.solves = 0
         self.canonical = True
         self._lock = threading.Lock()
+        self._lagrangian: tuple[list[int], list[int]] | None = None
         self.prices, self.lp_optimum = (None, None) if self.enumerate or len(comp.apps) == 1 else _lp_prices(comp)
         if self.lp_optimum is not None and size > _SEARCH_NODES:
             # The PF relaxation is integral and the search might not finish: the LP (``_HighsModel``)
             # likely settles the re-solves too, at a few milliseconds each.
             self.searchable = False
 
-    def _milp(self, skip: int | None, floor: int | None = None) -> list[int]:
+    def _model(self) -> _HighsModel:
+        model = getattr(self.local, "model", None)
+        if model is None:
+            model = self.local.model = _HighsModel(self.comp)
+        return model
+
+    def _milp(self, skip: int | None, floor: int | None = None, start: list[int] | None = None) -> list[int]:
         with self._lock:
             self.solves += 1
         if self.backend == "highs":
-            model = getattr(self.local, "model", None)
-            if model is None:
-                model = self.local.model = _HighsModel(self.comp)
-            return model.solve(skip, floor)
+            return self._model().solve(skip, floor, start)
         return _pulp_solve(self.comp, skip, self.backend)
+
+    def lagrangian(self) -> tuple[list[int], list[int]]:
+        """Per app, its best row's weight less the GPU prices (``prices``; at least 0), and its
+        footprint: the parts of the Lagrangian bound without any one app (D39)."""
+        if self._lagrangian is None:
+            price = self.prices or {}
+            best = [max((w - _priced(m, price) for m, w, _, _ in rows), default=0) for rows in self.comp.rows]
+            footprints = []
+            for rows in self.comp.rows:
+                mask = 0
+                for row in rows:
+                    mask |= row[0]
+                footprints.append(mask)
+            self._lagrangian = ([max(0, b) for b in best], footprints)
+        return self._lagrangian
+
+    def relaxed(self, skip: int) -> tuple[float, list[int] | None, list[int] | None]:
+        """``_HighsModel.relaxed`` where the component has an LP model (highspy, past the small
+        components); else nothing learnt (an infinite bound)."""
+        if self.backend != "highs" or self.enumerate or len(self.comp.apps) == 1:
+            return math.inf, None, None
+        return self._model().relaxed(skip)
 
     def solve(self, skip: int | None = None, start: list[int] | None = None) -> tuple[int, list[int]]:
         """(optimal value, a choice reaching it); without ``skip`` and ``start``, the canonical
@@ -854,7 +939,7 @@ class _ComponentSolver:
         if skip is None and start is None and self.lp_optimum is not None and self.backend == "highs":
             choice = self.lp_optimum
         else:
-            choice = self._milp(skip, None if start is None else _value(self.comp, start, skip))
+            choice = self._milp(skip, None if start is None else _value(self.comp, start, skip), start)
         value = _value(self.comp, choice)
         if skip is None and start is None:
             canonical = self._canonical(value, choice)
@@ -929,10 +1014,132 @@ def _improved(comp: _Component, choice: Sequence[int], skip: int) -> list[int]:
     return out
 
 
-def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[int], workers: int) -> list[float]:
-    """c_i for each app of the component (D8), skipping re-solves where the answer is provable."""
+_DRAW_MARGIN = 1e-9  # D39: a draw this close (relatively) to a bound of c_i waits for the exact c_i
+
+
+def _payment(gap: int) -> float:
+    """c_i from the gap, in weight units, between the others' best sum of L without i and theirs
+    with i (the same apps served): the ratio of the Nash products (D8, D16)."""
+    return math.exp(min(0, -gap) / QUANTUM)
+
+
+@dataclass
+class _Bounded:
+    """A winner's c_i while only bounds are known (D39). Without app ``i`` the others can do at
+    least as well as ``start`` (the PF allocation minus i, improved), so c_i <= ``hi``; an upper
+    bound on their best (Lagrangian, or the LP relaxation) gives c_i >= ``lo``, or nothing (lo 0)
+    while it cannot rule out serving one more app (then c_i may be 0). ``gap_low`` and
+    ``gap_high`` are those bounds as gaps (``_payment``); equal, they are the exact c_i."""
+
+    comp: _Component
+    solver: _ComponentSolver
+    i: int
+    start: list[int]
+    served: int  # apps the PF allocation serves besides i
+    with_i: int  # their sum of L in it
+    gap_low: int
+    gap_high: int | None = None
+
+    @property
+    def lo(self) -> float:
+        return 0.0 if self.gap_high is None else _payment(self.gap_high)
+
+    @property
+    def hi(self) -> float:
+        return _payment(self.gap_low)
+
+    def exact(self) -> float | None:
+        return self.hi if self.gap_high is not None and self.gap_high <= self.gap_low else None
+
+    def decide(self, need: float) -> bool | None:
+        """Whether a c_i above ``need`` (the draw, divided by any factor the lottery multiplies c_i
+        by) is proven (True), ruled out (False), or open (None). The margin keeps the answer that of
+        the exact c_i whatever the last bit of ``exp`` or of that division."""
+        if need < self.lo * (1 - _DRAW_MARGIN):
+            return True
+        if need >= self.hi * (1 + _DRAW_MARGIN):
+            return False
+        return None
+
+    def cap(self, upper: float) -> None:
+        """Tighten ``gap_high`` from ``upper``, an upper bound on the others' best total weight
+        without i: an allocation serving one more app would weigh at least (served + 1) M minus
+        every app's most negative L, so below that they serve ``served`` and their sum of L is at
+        most ``upper - served M``."""
+        big_m = self.comp.rows[self.i][0][1] - self.comp.rows[self.i][0][2]
+        negative = sum(max(0, -min(row[2] for row in rows)) for j, rows in enumerate(self.comp.rows)
+                       if j != self.i and rows)
+        if upper < (self.served + 1) * big_m - negative:
+            gap = math.floor(upper + 0.5) - self.served * big_m - self.with_i
+            self.gap_high = gap if self.gap_high is None else min(self.gap_high, gap)
+
+    def raise_floor(self, alloc: Sequence[int]) -> bool:
+        """Take a better allocation without i into ``gap_low``; True when it serves one more app
+        (then c_i = 0)."""
+        served, log = _served_and_log(self.comp, alloc, self.i)
+        if served > self.served:
+            return True
+        if served == self.served:  # one that serves fewer says nothing of the best that serves as many
+            self.gap_low = max(self.gap_low, log - self.with_i)
+        return False
+
+    def tighten(self) -> float | None:
+        """The LP relaxation without i (D39's second step, a few milliseconds): its value caps the
+        others' best, its rounded solution raises the floor. The exact c_i when that settles it."""
+        bound, optimum, rounded = self.solver.relaxed(self.i)
+        if optimum is not None:
+            return 0.0 if self.raise_floor(optimum) else _payment(self.gap_low)
+        if rounded is not None and self.raise_floor(rounded):
+            return 0.0
+        if bound < math.inf:
+            self.cap(bound)
+        return self.exact()
+
+    def resolve(self) -> float:
+        """The exact c_i: the re-solve without i (D8)."""
+        _, alt = self.solver.solve(skip=self.i, start=self.start)
+        served_without, without_i = _served_and_log(self.comp, alt, skip=self.i)
+        if served_without > self.served:
+            return 0.0
+        return _payment(max(without_i, self.with_i) - self.with_i)
+
+
+def _bounded(comp: _Component, solver: _ComponentSolver, choice: list[int], i: int) -> float | _Bounded:
+    """c_i, or bounds on it (D39), from what costs no solve: the PF allocation minus i, improved
+    (``_improved``: c_i <= hi), and the Lagrangian bound with the component's GPU prices (the
+    search's, ``_lp_prices``: c_i >= lo)."""
+    start = _improved(comp, choice, i)
+    served, with_i = _served_and_log(comp, choice, skip=i)
+    out = _Bounded(comp, solver, i, start, served, with_i, 0)
+    if out.raise_floor(start):
+        return 0.0
+    reduced, footprints = solver.lagrangian()
+    free = 0
+    for j, mask in enumerate(footprints):
+        if j != i:
+            free |= mask
+    out.cap(_priced(free, solver.prices or {}) + sum(r for j, r in enumerate(reduced) if j != i))
+    exact = out.exact()
+    return out if exact is None else exact
+
+
+def _resolve_all(todo: Sequence[_Bounded], workers: int) -> list[float]:
+    """Exact c_i of ``todo`` (one component's), in threads where the re-solves are MILPs (highspy
+    releases the GIL; the search does not)."""
+    solver = todo[0].solver if todo else None
+    if solver is not None and workers > 1 and len(todo) > 1 and not (solver.enumerate or solver.searchable):
+        with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+            return list(pool.map(_Bounded.resolve, todo))
+    return [b.resolve() for b in todo]
+
+
+def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[int], workers: int,
+                     exact: bool = True) -> tuple[list[float], dict[int, _Bounded]]:
+    """c_i for each app of the component (D8), skipping re-solves where the answer is provable.
+    With ``exact`` False, the winners whose c_i needs a re-solve are left as bounds (D39, NaN in the
+    list) for :func:`_settle` to decide against their draws."""
     out = [1.0] * len(comp.apps)
-    todo = []
+    todo: list[_Bounded] = []
     used = footprint = 0
     for j, rows in enumerate(comp.rows):
         for row in rows:
@@ -953,24 +1160,50 @@ def _hidden_payments(comp: _Component, solver: _ComponentSolver, choice: list[in
         if any((row[0] & ~room) == 0 for rows in unserved for row in rows):
             out[i] = 0.0
             continue
-        todo.append(i)
+        bounded = _bounded(comp, solver, choice, i)
+        if isinstance(bounded, float):
+            out[i] = bounded
+        else:
+            todo.append(bounded)
+    if not exact and not solver.enumerate:  # a small component's re-solves cost less than bounds
+        for b in todo:
+            out[b.i] = math.nan
+        return out, {b.i: b for b in todo}
+    for b, ci in zip(todo, _resolve_all(todo, workers)):
+        out[b.i] = ci
+    return out, {}
 
-    def resolve(i: int) -> tuple[int, float]:
-        _, alt = solver.solve(skip=i, start=_improved(comp, choice, i))
-        served_with, with_i = _served_and_log(comp, choice, skip=i)
-        served_without, without_i = _served_and_log(comp, alt, skip=i)
-        if served_without > served_with:
-            return i, 0.0
-        return i, math.exp(min(0, with_i - max(without_i, with_i)) / QUANTUM)
 
-    if workers > 1 and len(todo) > 1 and not (solver.enumerate or solver.searchable):
-        with ThreadPoolExecutor(min(workers, len(todo))) as pool:
-            results = list(pool.map(resolve, todo))
-    else:
-        results = [resolve(i) for i in todo]
-    for i, ci in results:
-        out[i] = ci
-    return out
+def _settle(pending: Mapping[str, _Bounded], c: dict[str, float], need: Mapping[str, float],
+            workers: int) -> dict[str, tuple[float, float]]:
+    """D39: decide each bounded winner's lottery from its bounds where they suffice. A winner whose
+    ``need`` (its draw, divided by any factor its c_i is multiplied by before the draw is compared)
+    is below ``lo`` keeps its row and one at or above ``hi`` loses it, whatever the exact c_i; for
+    the others the LP relaxation tightens the bounds and, if the draw still falls between them, the
+    re-solve gives the exact c_i. Sets ``c`` for every one of them -- the exact c_i, or for a winner
+    decided by its bounds the bound that decided it (the draw compares with it as with c_i) -- and
+    returns the bounds of the latter. A winner zeroed since (``_shadow_payments``) is exact."""
+    decided: dict[str, tuple[float, float]] = {}
+    left: dict[int, list[tuple[str, _Bounded]]] = {}
+    for app, b in sorted(pending.items()):
+        if c[app] == 0.0:
+            continue
+        won = b.decide(need[app])
+        if won is None:
+            exact = b.tighten()
+            if exact is not None:
+                c[app] = exact
+                continue
+            won = b.decide(need[app])
+        if won is None:
+            left.setdefault(id(b.solver), []).append((app, b))
+            continue
+        c[app] = b.lo if won else b.hi
+        decided[app] = (b.lo, b.hi)
+    for group in left.values():
+        for (app, _), ci in zip(group, _resolve_all([b for _, b in group], workers)):
+            c[app] = ci
+    return decided
 
 
 def keep_best_locality(gpus: Sequence[str], k: int, position: Callable[[str], Position]) -> frozenset[str]:
@@ -1033,12 +1266,6 @@ def default_priority(bids: Mapping[str, BidTable]) -> list[str]:
     """Bidders worst first when the caller gives no order: by rho_old (an app holding nothing
     first), then by name."""
     return sorted(bids, key=lambda a: (-bids[a].rho_old, a))
-
-
-def lottery_draw(seed: int, app: str) -> float:
-    """The app's own uniform draw for the lottery (D15): one stream per app, so two auctions with
-    the same seed draw the same number for the same app whatever the others did."""
-    return random.Random(f"lottery:{seed}:{app}").random()
 
 
 @dataclass(frozen=True)
@@ -1126,6 +1353,8 @@ def run_auction(
     workers: int | None = None,
     priority: Sequence[str] | None = None,
     max_contenders: int | None = None,
+    harm: Mapping[str, Sequence[float]] | None = None,
+    exact_payments: bool = True,
 ) -> AuctionOutcome:
     """Run one partial-allocation auction (Pseudocode 1, ``auction``) over ``offered``.
 
@@ -1136,6 +1365,12 @@ def run_auction(
     place under the cap). ``position`` is accepted for callers that place GPUs (the lottery keeps
     whole rows).
     ``workers`` threads run the re-solves for c_i (default: the machine's cores, at most 4).
+    ``harm`` (D36, contention-aware): per app, one factor in (0, 1] per row of its bid, what the row
+    would leave of the running jobs' speed; the PF maximises prod V x h, and a winner keeps its row
+    with probability c_i x h_i (its hidden payment includes the harm it does). None: as without.
+    ``exact_payments`` False (D39) re-solves for c_i only where the draw falls between the bounds
+    that cost no re-solve: the lottery's result is the same, and such winners' c_i are reported as
+    bounds (``AuctionOutcome.payment_bounds``) instead of in ``hidden_payment``.
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
@@ -1147,40 +1382,61 @@ def run_auction(
     if strays or len(set(order)) != len(order) or set(bids) - set(order):
         raise ValueError(f"priority must list every bidder once, got extras {strays[:5]}")
     gpu_bit = {g: 1 << k for k, g in enumerate(sorted(offered))}
-    values = _log_values(bids, gpu_bit)
+    if harm is not None:
+        for app, factors in harm.items():
+            if app in bids and (len(factors) != len(bids[app].rows) or not all(0 < h <= 1 for h in factors)):
+                raise ValueError(f"harm for {app!r}: one factor in (0, 1] per row of its bid")
+    values = _log_values(bids, gpu_bit, harm)
     admission = admit(order, values, len(offered), max_contenders)
     weighted = _weighted({a: values[a] for a in admission.admitted})
 
     pf: dict[str, frozenset[str]] = {}
     pf_rho: dict[str, float] = {}
+    pf_row: dict[str, int] = {}
     c: dict[str, float] = {app: 1.0 for app in bids}
     solves = 0
     canonical = True
     n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
+    solvers: list[_ComponentSolver] = []
+    pending: dict[str, _Bounded] = {}
     for comp in _components(weighted):
         solver_ = _ComponentSolver(comp, solver)
+        solvers.append(solver_)
         _, choice = solver_.solve()
         for app, rows, r in zip(comp.apps, comp.rows, choice):
             if r >= 0:
                 gpus, rho = bids[app].rows[rows[r][3]]
+                pf_row[app] = rows[r][3]
                 pf[app] = frozenset(gpus)
                 pf_rho[app] = float(rho)
-        for app, ci in zip(comp.apps, _hidden_payments(comp, solver_, choice, n_workers)):
+        payments, bounded = _hidden_payments(comp, solver_, choice, n_workers, exact_payments)
+        for app, ci in zip(comp.apps, payments):
             c[app] = ci
-        solves += solver_.solves
-        canonical &= solver_.canonical
+        pending.update((comp.apps[i], b) for i, b in bounded.items())
 
     footprint = 0
     for app in admission.contenders:
         for mask, _, _ in values[app]:
             footprint |= mask
     _shadow_payments(admission, values, {a: sum(gpu_bit[g] for g in gpus) for a, gpus in pf.items()}, footprint, c)
-    draws = {app: lottery_draw(seed, app) for app in sorted(pf)}
+    draws = auction_draws(seed, pf)  # D38: one shared draw, spread over the winners
+    # D39: the lottery compares the draw with c_i times the harm of its row (D36)
+    factor = {app: harm[app][pf_row[app]] for app in pf if app in harm} if harm else {}
+    bounds = _settle(pending, c, {app: draws[app] / factor.get(app, 1.0) for app in pending}, n_workers)
+    for solver_ in solvers:
+        solves += solver_.solves
+        canonical &= solver_.canonical
+    if harm:
+        # D36: c_i is the others' Nash product with i over without i; the incumbents i's row slows
+        # are among the others, so the true c_i is the auction's times the harm of i's own PF row
+        for app in pf:
+            if app in harm:
+                c[app] *= harm[app][pf_row[app]]
     granted = {app: pf[app] for app in sorted(pf) if draws[app] < c[app]}
     used = frozenset().union(*granted.values()) if granted else frozenset()
     return AuctionOutcome(
         pf=pf,
-        hidden_payment=c,
+        hidden_payment={app: ci for app, ci in c.items() if app not in bounds},
         granted=granted,
         leftover=offered - used,
         pf_rho=pf_rho,
@@ -1190,4 +1446,5 @@ def run_auction(
         shadows=admission.shadows,
         admitted=admission.admitted,
         draws=draws,
+        payment_bounds={app: (lo * factor.get(app, 1.0), hi * factor.get(app, 1.0)) for app, (lo, hi) in bounds.items()},
     )

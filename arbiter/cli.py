@@ -6,7 +6,7 @@
     themis-arbiter status [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter drain MACHINE [--resume] [--arbiter HOST:PORT] [--admin-token T]
     themis-arbiter remove-app APP | revoke-credential APP [--arbiter HOST:PORT] [--admin-token T]
-    themis-arbiter demo [--seconds 60]
+    themis-arbiter demo [--seconds 60] [--contention deepshare]
     themis-arbiter cluster-from-slurm [--name NAME] [--gres-type g{index}] [--from FILE] > cluster.toml
     themis-arbiter slurm-sync [--arbiter HOST:PORT] [--admin-token T] [--from FILE]
 
@@ -166,7 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
         rank=args.rank, reclaim=args.reclaim, idle_s=args.idle_s, profiles=tuple(Path(p) for p in args.profiles),
-        admission=args.admission, http=args.http,
+        admission=args.admission, http=args.http, contention=args.contention,
         limits=_limits(args.limit),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -348,6 +348,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "themis_demo.service", "--seconds", str(args.seconds)]
     if args.mqtt:
         argv += ["--mqtt", args.mqtt]
+    if args.contention:
+        argv += ["--contention", args.contention]
     return subprocess.run(argv).returncode
 
 
@@ -456,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--profiles", action="append", default=[], metavar="FILE",
                    help="a slowdown table (agent/profiles/slowdowns.toml's form) adding models to bind apps to; "
                         "repeatable")
+    s.add_argument("--contention", metavar="deepshare|FILE",
+                   help="model network contention between jobs that share machines (D35) with this table "
+                        "(deepshare: the shipped one; or a CSV of its form): agents report their running jobs, "
+                        "offers carry who runs on their machines, jobs' ratios go to MQTT and /metrics "
+                        "(default: off)")
     s.add_argument("--admin-token", help="admin token (default: THEMIS_ADMIN_TOKEN or <db>.admin-token)")
     s.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port")
     s.add_argument("--metrics-host", default="127.0.0.1",
@@ -507,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="an arbiter and two agents on loopback, in one process")
     d.add_argument("--seconds", type=float, default=60.0)
     d.add_argument("--mqtt", help="also publish events to this broker")
+    d.add_argument("--contention", metavar="deepshare|FILE",
+                   help="model network contention between jobs sharing machines (D35) with this table")
     d.set_defaults(func=cmd_demo)
     cs = sub.add_parser("cluster-from-slurm", help="write a cluster file from `scontrol show nodes` (issue 6)")
     cs.add_argument("--name", default="slurm", help="the cluster's name (default slurm)")

@@ -19,6 +19,8 @@ message elsewhere in the tree or turn it into a wildcard)::
     themis/<cluster>/apps/<app>/rho                  retained  the app's last reported rho
     themis/<cluster>/apps/<app>/jobs/<job>/metrics   event     from jobs: iteration time, loss, GPU set
                                                                (the agent's profiler subscribes to .../jobs/+/metrics)
+    themis/<cluster>/apps/<app>/jobs/<job>/contention retained  D35 (serve --contention): the job's class, GPUs,
+                                                               machines, the table's ratio and the measured one
     themis/<cluster>/rounds                          event     the result of each auction round
     themis/<cluster>/rounds/last                     retained  the result of the latest round
     themis/<cluster>/arbiter/status                  retained  {"online": true|false}; the MQTT last will says false
@@ -69,6 +71,7 @@ __all__ = [
     "encode",
     "gpu_lease_topic",
     "job_metrics_pattern",
+    "job_contention_topic",
     "job_metrics_topic",
     "last_round_topic",
     "make_bus",
@@ -157,6 +160,12 @@ def arbiter_status_topic(cluster: str) -> str:
 def job_metrics_topic(cluster: str, app: str, job: str) -> str:
     """``themis/<cluster>/apps/<app>/jobs/<job>/metrics``: a job's iteration time, loss and GPU set."""
     return _topic(cluster, "apps", check_segment("app", app), "jobs", check_segment("job", job), "metrics")
+
+
+def job_contention_topic(cluster: str, app: str, job: str) -> str:
+    """``themis/<cluster>/apps/<app>/jobs/<job>/contention``: the arbiter's view of the job's network
+    contention (D35), next to the metrics the job publishes itself."""
+    return _topic(cluster, "apps", check_segment("app", app), "jobs", check_segment("job", job), "contention")
 
 
 def job_metrics_pattern(cluster: str, app: str) -> str:

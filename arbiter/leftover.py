@@ -20,19 +20,32 @@ one follow-up round (D10), so an agent that missed a deadline does not wait for 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from arbiter.auction import row_value, take_gpus
 from protos.messages import BidTable, Position
 
 
-def best_row(bid: BidTable, left: set[str], want: int) -> frozenset[str] | None:
+def best_row(bid: BidTable, left: set[str], want: int, harm: Sequence[float] | None = None) -> frozenset[str] | None:
     """The row of ``bid`` the app values most (D15) among those inside ``left`` and within ``want``
-    GPUs (ties: the GPU ids' order), or None when none fits or helps."""
-    fits = [(row_value(rho, bid.rho_old), sorted(gpus)) for gpus, rho in bid.rows
-            if len(gpus) <= want and left.issuperset(gpus)]
+    GPUs (ties: the GPU ids' order), or None when none fits or helps. With ``harm`` (D36, one
+    factor per row), the row with the most value times harm: the running jobs' loss counts."""
+    k = _best_index(bid, left, want, harm)
+    return None if k is None else frozenset(bid.rows[k][0])
+
+
+def _best_index(bid: BidTable, left: set[str], want: int, harm: Sequence[float] | None) -> int | None:
+    fits = [(row_value(rho, bid.rho_old) * (harm[k] if harm else 1.0), sorted(gpus), k)
+            for k, (gpus, rho) in enumerate(bid.rows) if len(gpus) <= want and left.issuperset(gpus)]
     fits = [f for f in fits if f[0] > 0]
-    return frozenset(min(fits, key=lambda f: (-f[0], f[1]))[1]) if fits else None
+    return min(fits, key=lambda f: (-f[0], f[1]))[2] if fits else None
+
+
+def harm_draw(seed: int, app: str) -> float:
+    """The app's own uniform draw for keeping a harmful row in the first tier (D36), a stream apart
+    from the auction's lottery (D15)."""
+    return random.Random(f"harm:{seed}:{app}").random()
 
 
 def serve_queue(
@@ -40,13 +53,19 @@ def serve_queue(
     queued: Sequence[str],
     unmet: Mapping[str, int],
     bids: Mapping[str, BidTable],
+    harm: Mapping[str, Sequence[float]] | None = None,
+    seed: int = 0,
 ) -> dict[str, frozenset[str]]:
     """D9's first tier: the offered apps that did not contend, in rank order (``queued``: bidders
     past the auction's contenders, then the reserve of D14), each takes its :func:`best_row`
     among what is left; an app none of whose rows fits takes nothing here.
 
     A serial dictatorship over the apps' own rows in a fixed order: hiding or misvaluing rows only
-    removes an app's own options, so no bidder gains by it."""
+    removes an app's own options, so no bidder gains by it. With ``harm`` (D36) the app's turn is a
+    one-bidder auction with the running jobs as passive participants: it takes the row with the
+    most value x harm and keeps it with probability h (its hidden payment, :func:`harm_draw`), so its
+    expected gain V x h is what the row is chosen by and no lie raises it; a row lost to the draw
+    stays in the pool for the apps after it."""
     left = set(pool)
     grants: dict[str, frozenset[str]] = {}
     for app in queued:
@@ -55,10 +74,13 @@ def serve_queue(
         want, bid = unmet.get(app, 0), bids.get(app)
         if want <= 0 or bid is None:
             continue
-        take = best_row(bid, left, want)
-        if take:
-            grants[app] = take
-            left -= take
+        factors = harm.get(app) if harm else None
+        k = _best_index(bid, left, want, factors)
+        if k is None or (factors and harm_draw(seed, app) >= factors[k]):
+            continue
+        take = frozenset(bid.rows[k][0])
+        grants[app] = take
+        left -= take
     return grants
 
 

@@ -36,10 +36,12 @@ from arbiter.events import (
     app_rho_topic,
     arbiter_status_topic,
     gpu_lease_topic,
+    job_contention_topic,
     last_round_topic,
     rounds_topic,
 )
 from arbiter.rounds import RoundResult
+from arbiter.service_contention import JobContention
 from arbiter.service_metrics import ServiceMetrics
 
 log = logging.getLogger("themis.arbiter")
@@ -103,6 +105,7 @@ class Contender:
     pf_rho: float | None  # its rho on that row
     c: float | None  # c_i: the chance it receives its PF row; the hidden payment is 1 - c_i (D15)
     won: bool | None  # its lottery draw (D15, D24): won, lost, or None with no PF row to draw for
+    c_bounds: tuple[float, float] | None = None  # D39: (lo, hi) around c_i where c is None but the draw was decided
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +225,8 @@ class RoundClosed(ServiceEvent):
         for app in auction.contenders:
             pf = auction.pf.get(app, frozenset())
             out.append(Contender(app, app in admitted, app in shadows, tuple(sorted(pf)), auction.pf_rho.get(app),
-                                 auction.hidden_payment.get(app), (app in auction.granted) if pf else None))
+                                 auction.hidden_payment.get(app), (app in auction.granted) if pf else None,
+                                 auction.payment_bounds.get(app)))
         return tuple(out)
 
     def taken(self) -> tuple[Take, ...]:
@@ -320,6 +324,17 @@ class AppLeft(ServiceEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobsContention(ServiceEvent):
+    """D35 (``serve --contention``): an app's jobs with their contention ratios, the table's and the
+    measured one, after its agent reported them or a neighbour moved; ``gone``: its jobs no longer
+    running (their retained topics and series are cleared)."""
+
+    app: str
+    jobs: tuple[JobContention, ...]
+    gone: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class SettingsChanged(ServiceEvent):
     """The settings in force from the next round (``arbiter.settings.Settings`` as a mapping)."""
 
@@ -414,6 +429,13 @@ class MqttSink:
                 bus.publish(last_round_topic(cluster), summary, retain=True)
             case AppLeft():  # gone: no rho to show (its leases were cleared by LeasesChanged)
                 bus.publish(app_rho_topic(cluster, event.app), None, retain=True)
+            case JobsContention():
+                for job in event.gone:
+                    bus.publish(job_contention_topic(cluster, event.app, job), None, retain=True)
+                for j in event.jobs:
+                    bus.publish(job_contention_topic(cluster, event.app, j.job),
+                                {"cls": j.cls, "gpus": list(j.gpus), "machines": j.machines,
+                                 "expected": j.expected, "measured": j.measured, "now": event.now}, retain=True)
 
     async def sweep_retained(self, window_s: float = 2.0) -> list[str]:
         """Clear retained topics the journal does not know: an app's leases and rho from an app
@@ -510,6 +532,8 @@ class MetricsSink:
                 m.connected.set(event.connected)
             case AppLeft():
                 m.forget_app(event.app)
+            case JobsContention():
+                m.observe_jobs(event.app, {j.job: (j.expected, j.measured) for j in event.jobs}, event.gone)
 
 
 class EventLog:

@@ -157,7 +157,8 @@ def work_left_floor(claim: WorkClaim) -> float:
 
 
 def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, demand: int, elapsed: float,
-                 n_avg: float, cluster_size: int, pace: float = 1.0, work_floor: float = 0.0) -> tuple[float, float]:
+                 n_avg: float, cluster_size: int, pace: float = 1.0, work_floor: float = 0.0,
+                 contention: float = 1.0) -> tuple[float, float]:
     """(rho, waiting rho) of an app from its checked ``claim`` at ``slowdown`` (D21): rho on what
     it holds (infinity when it holds nothing and has work left), and D13's waiting rho on its fair
     share when it holds nothing and wants GPUs (else 0). Both are kept within the arbiter's bounds
@@ -176,7 +177,13 @@ def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, dema
     ``work_floor`` (D31) is the most work the app's claims have ever said was left
     (:func:`work_left_floor`): B is taken as at least that over 1 + WORK_FLOOR_BAND, so a B
     understated below the app's own claims buys at most the band. Honest claims stay below it: B is
-    their work, done and left (for a search, planned at its trials' median speed)."""
+    their work, done and left (for a search, planned at its trials' median speed).
+
+    ``contention`` (D36, with a contention-aware policy) is the ratio the app's held jobs run at now
+    by the shared contention table (D35; 1: none is slowed): its time left on what it holds is
+    divided by it, as its own bid rows divide theirs (``agent.contention_pricing``)."""
+    if not 0 < contention <= 1:
+        raise ValueError(f"a contention ratio is in (0, 1], got {contention!r}")
     gpus = min(cluster_size, max(1, claim.demand_max))
     t_id = max(claim.work_gpu_s, work_floor / (1.0 + WORK_FLOOR_BAND)) * max(1.0, pace) / gpus * n_avg
     if not (math.isfinite(t_id) and t_id > 0):
@@ -184,7 +191,7 @@ def measured_rho(claim: WorkClaim, slowdown: Sequence[float], *, held: int, dema
                            f"{t_id!r}; it must be a finite time > 0 (Eq. 1)")
     since = max(0.0, elapsed)
     if held:
-        return _bounded((since + pace * time_left(claim.held, slowdown)) / t_id), 0.0
+        return _bounded((since + pace * time_left(claim.held, slowdown) / contention) / t_id), 0.0
     if demand <= 0:
         return math.inf, 0.0
     left = pace * time_left(claim.share, slowdown)

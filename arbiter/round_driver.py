@@ -121,6 +121,8 @@ class RoundDriver:
         phases = {"reports_s": 0.0, "bids_s": 0.0, "allocation_s": 0.0}
         await core.engine_free()
         now = core.clock()
+        if core.contention is not None:  # D35, D36: what a contention-aware policy sees; rounds fill offers from it
+            engine.policy.contention = core.contention
         rnd = engine.open_round(now)
         core._round = rnd
         core._between_rounds.clear()

@@ -33,7 +33,7 @@ from arbiter.leases import Lease, LeaseTable
 from arbiter.lottery import RoundSeeds, commitment
 from arbiter.policies.base import Decision, Policy, RoundContext
 from arbiter.rank import BadWorkClaim, Pace, check_claim, check_rank, measured_rho, time_left, work_left_floor
-from protos.messages import BidTable, Offer, RhoReport, RhoRequest
+from protos.messages import BidTable, Neighbour, Offer, Position, RhoReport, RhoRequest
 
 DEFAULT_LEASE_S = 600.0
 DEFAULT_COALESCE_S = 1.0
@@ -704,10 +704,17 @@ class OpenRound:
             floor = self._floors[app] = max(engine.work_floor.get(app, 0.0), work_left_floor(claim))
             rho, wait = measured_rho(claim, slowdown, held=len(held), demand=report.demand,
                                      elapsed=self.now - engine.apps[app].arrived, n_avg=n_avg, cluster_size=size,
-                                     pace=pace.factor(engine.lease_s), work_floor=floor)
+                                     pace=pace.factor(engine.lease_s), work_floor=floor,
+                                     contention=self._ratio_now(app) if held else 1.0)
         except BadWorkClaim as exc:
             raise InvalidReport(f"{app!r}: work claim: {exc}") from None
         return replace(report, rho=rho, rho_wait=wait, work=claim)
+
+    def _ratio_now(self, app: str) -> float:
+        """D36: the contention ratio the app's jobs run at now, where the policy prices contention
+        and has a view of it (1 otherwise: D35's unaware runs rank as they did)."""
+        view = self.policy.contention
+        return view.ratio(app) if view is not None and self.policy.contention_aware else 1.0
 
     def note_failure(self, app: str, reason: str) -> None:
         self.rejected[app] = cut_reason(reason)
@@ -762,10 +769,22 @@ class OpenRound:
                     cluster.size,
                     held={g: cluster.position(g) for g in sorted(self.engine.held(app))},
                     previous={g: cluster.position(g) for g in sorted(self.previous.get(app, ()))},
+                    neighbourhood=self._neighbourhood(app, gpus),
                 )
                 for app in chosen
             }
         return dict(self._offers)
+
+    def _neighbourhood(self, app: str, gpus: Mapping[str, Position]) -> Mapping[str, tuple[Neighbour, ...]]:
+        """D36: with a contention-aware policy and a contention view, who runs on the machines of
+        the offered GPUs and of the app's own (held and just expired); otherwise nothing (D35's
+        unaware runs stay as they were)."""
+        view = self.policy.contention
+        if view is None or not self.policy.contention_aware:
+            return {}
+        machines = {p[1] for p in gpus.values()}
+        machines |= {self.engine.cluster.position(g)[1] for g in self.held_at_open(app)}
+        return view.neighbourhood(app, sorted(machines))
 
     def bid(self, app: str, table: BidTable) -> None:
         """Step 3: a bid, validated (D7). Raises InvalidBid (and records why) when it is bad."""

@@ -26,6 +26,7 @@ from arbiter.limits import Limits
 from arbiter.profiles import model_slowdowns
 from arbiter.rounds import RoundEngine
 from arbiter.service import ArbiterService, ParseGuard, Settings, new_secret
+from arbiter.service_contention import ServiceContention
 from arbiter.service_metrics import ServiceMetrics
 from arbiter.store import Store, lock_journal
 from protos import themis_pb2_grpc as pb_grpc
@@ -90,6 +91,9 @@ class ServerConfig:
     # the web dashboard and its JSON API (arbiter.dashboard), "HOST:PORT"; None: not served. Off
     # loopback it asks for viewer tokens, and it speaks TLS when the gRPC side does
     http: str | None = None
+    # D35: a contention table (``deepshare`` or a CSV file of its form): agents report their running
+    # jobs, offers carry who runs on their machines, measured ratios are published; None: off
+    contention: str | None = None
 
 
 def admin_token_for(config: ServerConfig) -> str:
@@ -158,6 +162,8 @@ class ArbiterServer:
         service = ArbiterService(engine, store, bus, settings=settings, admin_token=admin_token_for(config),
                                  metrics=metrics, profiles=model_slowdowns(config.profiles), limits=config.limits)
         self.service = service
+        if config.contention:
+            service.contention = ServiceContention.load(config.contention, engine, service.models)
         service.journal()
         await bus.start()
         service.republish_state()

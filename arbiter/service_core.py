@@ -28,6 +28,7 @@ from arbiter.connection import OUTBOX_LIMIT, Connection, StreamEnd
 from arbiter.limits import Limits
 from arbiter.publisher import AppLeases, AppLeft, GpuLease, LeasesChanged, Publisher, Refused, ServiceEvent
 from arbiter.rounds import OpenRound, RoundEngine, RoundResult, cut_reason
+from arbiter.service_contention import ServiceContention
 from arbiter.service_metrics import ServiceMetrics
 from arbiter.settings import Settings
 from arbiter.store import Store
@@ -70,6 +71,9 @@ class ServiceCore:
         #: app to, and what a measured rank applies to its claimed work (D21)
         self.profiles = dict(profiles or {})
         self.models = store.models()
+        #: D35: the jobs agents report and who runs where, when ``serve --contention`` is given; None:
+        #: no contention model, no job reports taken, nothing on the wire changed
+        self.contention: ServiceContention | None = None
         #: app -> when its agent's stream ended (after idle_s with nothing held it goes idle); after
         #: a restart every app's agent is away until it comes back
         self._away: dict[str, float] = dict.fromkeys(engine.apps, max(clock(), engine.clock))

@@ -45,6 +45,12 @@ class ServiceMetrics:
         self.app_grants = Counter("themis_app_granted_gpus", "GPUs granted to the app", ["app"], registry=r)
         self.app_rejections = Counter("themis_app_rejected_messages", "The app's messages that were rejected",
                                       ["app"], registry=r)
+        # per job, with a contention model on (D35, serve --contention)
+        self.job_ratio = Gauge("themis_job_contention_ratio", "The job's contention ratio as its agent measured "
+                               "it: its throughput over its profiled throughput (D35)", ["app", "job"], registry=r)
+        self.job_expected = Gauge("themis_job_contention_expected", "The job's contention ratio by the table, "
+                                  "against the neighbours its agents reported (D35)", ["app", "job"], registry=r)
+        self._jobs: dict[str, set[str]] = {}
         # the process, the broker, the journal, the loop
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self.broker_connected = Gauge("themis_broker_connected", "1 while the event bus is connected to its "
@@ -85,12 +91,32 @@ class ServiceMetrics:
             if grant.app in apps:  # an app that left as the round closed is forgotten, not re-created
                 self.app_grants.labels(app=grant.app).inc(len(grant.gpus))
 
+    def observe_jobs(self, app: str, jobs: Mapping[str, tuple[float, float | None]], gone=()) -> None:
+        """``jobs``: job -> (the table's ratio, the measured one or None); ``gone``: jobs that ended."""
+        for job in gone:
+            self._forget_job(app, job)
+        for job, (expected, measured) in jobs.items():
+            self._jobs.setdefault(app, set()).add(job)
+            self.job_expected.labels(app=app, job=job).set(expected)
+            if measured is not None:
+                self.job_ratio.labels(app=app, job=job).set(measured)
+
+    def _forget_job(self, app: str, job: str) -> None:
+        for metric in (self.job_ratio, self.job_expected):
+            try:
+                metric.remove(app, job)
+            except KeyError:
+                pass
+        self._jobs.get(app, set()).discard(job)
+
     def forget_app(self, app: str) -> None:
         for metric in (self.app_rho, self.app_gpus, self.app_grants, self.app_rejections):
             try:
                 metric.remove(app)
             except KeyError:
                 pass
+        for job in list(self._jobs.pop(app, ())):
+            self._forget_job(app, job)
 
     def serve(self, port: int, addr: str = "127.0.0.1", tls: tuple | None = None):
         """Expose /metrics over HTTP, or HTTPS with ``tls`` = (certificate, key) files (a daemon

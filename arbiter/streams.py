@@ -9,6 +9,10 @@ for a stale round is rejected with INVALID_ARGUMENT and a reason, on the stream,
 the round goes on for everyone else. Every stream the arbiter ends gets a Goodbye and a status
 saying why (:class:`~arbiter.connection.StreamEnd`).
 
+With a contention model on (``serve --contention``, D35) a stream also carries the agent's running
+jobs (``RunningJobs``) and, from the arbiter, who runs on the app's machines (``Neighbourhood``),
+sent after the Welcome and whenever it changes; the jobs' ratios are published from here too.
+
 The streams are also a sink of the service's events (:meth:`AgentStreams.consume`): grants,
 revocations and rejections reach the agents from the one event stream, after the journal.
 """
@@ -23,14 +27,17 @@ import grpc
 
 from arbiter.auction import InvalidBid, validate_bid
 from arbiter.connection import DENIED, INVALID, Connection, StreamEnd, Unparsable, bearer, quote
+from arbiter.events import check_segment
 from arbiter.limits import TokenBucket
 from arbiter.publisher import (
     AgentConnected,
     AgentDisconnected,
     AppArrived,
     AppIdle,
+    AppLeft,
     DemandChanged,
     Granted,
+    JobsContention,
     LeasesChanged,
     Refused,
     Released,
@@ -39,6 +46,7 @@ from arbiter.publisher import (
     StreamRefused,
 )
 from arbiter.rounds import InvalidReport, cut_reason
+from arbiter.service_contention import JobContention, JobsRefused
 from arbiter.service_core import ServiceCore
 from protos import themis_pb2 as pb
 from protos import wire
@@ -68,6 +76,10 @@ class AgentStreams:
         self.core = core
         self._unauthenticated = 0  # streams with an unknown credential whose first message is awaited
         self._hellos = TokenBucket(core.limits.hellos, core.limits.per_s)
+        # D35, with a contention model on: what each agent was last told, what was last published
+        self._told: dict[str, bytes] = {}
+        self._published: dict[str, tuple[JobContention, ...]] = {}
+        self._refresh_due = False
 
     # -- the events agents hear ------------------------------------------------------------------
 
@@ -85,6 +97,11 @@ class AgentStreams:
             case Refused():
                 core.send(event.app, pb.ArbiterMessage(rejection=pb.Rejection(
                     code=event.code, reason=event.reason, what=event.what, round_id=event.round_id)))
+            case LeasesChanged() if core.contention is not None:
+                self.contention_changed()
+            case AppLeft() if core.contention is not None:
+                core.contention.forget(event.app)
+                self.contention_changed()
 
     def end_all(self, end: StreamEnd) -> None:
         for conn in list(self.core.conns.values()):
@@ -198,6 +215,9 @@ class AgentStreams:
             app=app, cluster=core.cluster, leases=[wire.lease_pb(x) for x in mine],
             settings=core.settings_pb(), now=now, heartbeat_s=core.settings.heartbeat_s,
             places=wire.places({x.gpu: position(x.gpu) for x in mine}), took_over=old is not None)))
+        if core.contention is not None:  # D35: says a model runs, so the agent reports its jobs
+            self._told.pop(app, None)
+            self.tell_neighbourhood(app)
         core.emit(AgentConnected(now=now, app=app, took_over=old is not None, connected=len(core.conns)))
         log.info("connected", extra={"fields": {"app": app}})
         # The headers go out on their own before the first message: HTTP/2 flow control never holds
@@ -249,6 +269,7 @@ class AgentStreams:
                     task.cancel()
             if core.conns.get(app) is conn:
                 del core.conns[app]
+                self._told.pop(app, None)
                 core._away[app] = core.clock()
             core.emit(AgentDisconnected(now=core.clock(), app=app, why=conn.ending.why if conn.ending else None,
                                         connected=len(core.conns)))
@@ -285,7 +306,7 @@ class AgentStreams:
     def _dispatch(self, app: str, msg: pb.AgentMessage, conn: Connection | None = None) -> None:
         core = self.core
         kind = msg.WhichOneof("kind")
-        if core._allocating and kind in ("release", "demand", "done"):
+        if core._allocating and kind in ("release", "demand", "done", "jobs"):
             def later() -> None:  # applied when the allocation returns, unless the stream ended meanwhile
                 if conn is None or conn.ending is None:
                     self._dispatch(app, msg)
@@ -302,6 +323,8 @@ class AgentStreams:
             self._on_demand(app, msg.demand)
         elif kind == "done":
             self._on_done(app, msg.done)
+        elif kind == "jobs":
+            self._on_jobs(app, msg.jobs)
         elif kind == "heartbeat":
             pass
         elif kind == "hello":
@@ -433,6 +456,78 @@ class AgentStreams:
         conn = core.conns.get(app)
         if conn is not None:
             conn.end(end)
+
+    def _on_jobs(self, app: str, msg: pb.RunningJobs) -> None:
+        """D35: the app's running jobs (the whole list), checked against what it holds."""
+        core = self.core
+        if msg.app and msg.app != app:
+            core.reject(app, DENIED, f"{app!r} cannot report the jobs of {quote([msg.app])}", "jobs")
+            return
+        if core.contention is None:
+            core.reject(app, INVALID, "this arbiter runs no contention model (serve --contention): it takes no "
+                        "job reports", "jobs")
+            return
+        if app not in core.engine.apps:
+            core.reject(app, INVALID, f"{app!r} has left (removed or done)", "jobs")
+            return
+        try:
+            jobs = wire.running_jobs(msg)
+            for j in jobs:  # published under themis/<cluster>/apps/<app>/jobs/<job>/contention
+                check_segment("job", j.job)
+            core.contention.report(app, jobs)
+        except (ValueError, JobsRefused) as exc:
+            core.reject(app, INVALID, str(exc), "jobs")
+            return
+        self.contention_changed()
+
+    # -- D35: who runs where, told to the agents and published ---------------------------------
+
+    def tell_neighbourhood(self, app: str) -> None:
+        """Send the app the other apps' jobs on its machines (and the table, its class), if changed."""
+        view = self.core.contention
+        if view is None or app not in self.core.conns:
+            return
+        msg = pb.Neighbourhood(table=view.name, cls=view.kind(app) or "",
+                               neighbours=wire.neighbours_pb(view.around(app)))
+        said = msg.SerializeToString(deterministic=True)
+        if self._told.get(app) != said:
+            self._told[app] = said
+            self.core.send(app, pb.ArbiterMessage(neighbourhood=msg))
+
+    def contention_changed(self) -> None:
+        """Jobs or leases changed: tell the agents and publish, once for a burst of changes (on the
+        loop's next turn, never inside another event's delivery)."""
+        if self._refresh_due:
+            return
+        self._refresh_due = True
+        try:
+            asyncio.get_running_loop().call_soon(self._refresh)
+        except RuntimeError:  # no loop (a synchronous caller): now
+            self._refresh()
+
+    def _refresh(self) -> None:
+        core = self.core
+        view = core.contention
+        if view is None:
+            self._refresh_due = False
+            return
+        if core._allocating:  # the engine is the allocation's until it returns
+            asyncio.get_running_loop().call_later(0.05, self._refresh)
+            return
+        self._refresh_due = False
+        for app in list(core.conns):
+            self.tell_neighbourhood(app)
+        now, current, events = core.clock(), view.jobs(), []
+        for app in sorted(set(current) | set(self._published)):
+            jobs, before = current.get(app, ()), self._published.get(app, ())
+            if jobs != before:
+                gone = tuple(sorted({j.job for j in before} - {j.job for j in jobs}))
+                events.append(JobsContention(now=now, app=app, jobs=jobs, gone=gone))
+            if jobs:
+                self._published[app] = jobs
+            else:
+                self._published.pop(app, None)
+        core.emit(*events)
 
     # -- keeping streams and apps alive ----------------------------------------------------------
 

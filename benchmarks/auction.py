@@ -25,8 +25,10 @@ script measures it in three parts:
   is reported loudly (and the exit status is 1).
 * ``backends``: the full auction on a few yardstick instances with each MILP backend of
   ``arbiter.auction`` (``highs``, ``pulp-highs``, ``pulp-cbc``), which is what justifies the default.
+* ``payments``: the grid's contested cells with exact c_i and with the lottery decided from bounds
+  on c_i (D39, the service's setting): CPU time, re-solves skipped, and that the grants are the same.
 
-Run ``python benchmarks/auction.py [--quick] [--parts grid,yardstick,backends] [--plain-all]
+Run ``python benchmarks/auction.py [--quick] [--parts grid,yardstick,backends,payments] [--plain-all]
 [--out FILE]``; results go to ``benchmarks/results/auction.json`` by default.
 """
 
@@ -583,10 +585,64 @@ def run_backends(
     return result, mismatches
 
 
+PAYMENT_CELLS: tuple[Cell, ...] = ((64, 16), (64, 32), (256, 32))  # contested winners, as in the service's rounds
+PAYMENT_DRAWS = 4  # lottery seeds per instance: which winners need their exact c_i depends on the draws
+
+
+def run_payments(cluster: Cluster, settings: Settings, console: Console) -> tuple[dict[str, Any], list[str]]:
+    """D39: each grid instance of ``PAYMENT_CELLS`` with exact c_i and with the lottery decided from
+    bounds (``exact_payments=False``), for ``PAYMENT_DRAWS`` lottery seeds each: CPU time of the
+    auction (``time.process_time``: its re-solve threads included), re-solves skipped (winners left
+    as bounds) and MILP solves. Any difference in the PF, the grants, or an exact c_i is a mismatch."""
+    slowdowns = slowdown_models()
+    rows, mismatches = [], []
+    with progress_bar(console, "payments", len(PAYMENT_CELLS) * settings.grid_seeds * PAYMENT_DRAWS) as advance:
+        for cell in PAYMENT_CELLS:
+            cpu = {"exact": 0.0, "bounded": 0.0}
+            solves = {"exact": 0, "bounded": 0}
+            contested = skipped = 0
+            for seed in range(settings.grid_seeds):
+                inst = grid_instance(cluster, cell, seed, slowdowns)
+                for draw in range(PAYMENT_DRAWS):
+                    out = {}
+                    for mode in ("exact", "bounded"):
+                        start = time.process_time()
+                        out[mode] = run_auction(inst.offered, inst.bids, seed=draw, exact_payments=mode == "exact")
+                        cpu[mode] += time.process_time() - start
+                        solves[mode] += out[mode].solves
+                    exact, bounded = out["exact"], out["bounded"]
+                    where = f"{cell_name(cell)} seed {seed} draw {draw}"
+                    if (bounded.pf, bounded.granted) != (exact.pf, exact.granted):
+                        mismatches.append(f"{where}: the bounded lottery's PF or grants differ from the exact one's")
+                    mismatches.extend(f"{where}: c[{a}] bounded {c} != exact {exact.hidden_payment[a]}"
+                                      for a, c in bounded.hidden_payment.items() if c != exact.hidden_payment[a])
+                    mismatches.extend(f"{where}: c[{a}] = {exact.hidden_payment[a]} outside its bounds {lo}, {hi}"
+                                      for a, (lo, hi) in bounded.payment_bounds.items()
+                                      if not lo <= exact.hidden_payment[a] <= hi)
+                    contested += sum(1 for a in exact.pf if exact.hidden_payment[a] not in (0.0, 1.0))
+                    skipped += len(bounded.payment_bounds)
+                    advance()
+            runs = settings.grid_seeds * PAYMENT_DRAWS
+            rows.append({"cell": cell_name(cell), "auctions": runs, "exact_cpu_s": cpu["exact"],
+                         "bounded_cpu_s": cpu["bounded"], "exact_solves_mean": solves["exact"] / runs,
+                         "bounded_solves_mean": solves["bounded"] / runs, "contested_winners_mean": contested / runs,
+                         "skipped_mean": skipped / runs})
+    table = Table(title="Part D: the lottery from bounds on c_i (D39): CPU per auction, exact / bounded")
+    for name in ("cell", "auctions", "exact", "bounded", "MILP solves exact / bounded", "0 < c_i < 1", "re-solves skipped"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(r["cell"], str(r["auctions"]), fmt_s(r["exact_cpu_s"] / r["auctions"]),
+                      fmt_s(r["bounded_cpu_s"] / r["auctions"]),
+                      f"{r['exact_solves_mean']:.1f} / {r['bounded_solves_mean']:.1f}",
+                      f"{r['contested_winners_mean']:.1f}", f"{r['skipped_mean']:.1f}")
+    console.print(table)
+    return {"cells": rows, "draws": PAYMENT_DRAWS}, mismatches
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 
-PARTS = ("grid", "yardstick", "backends")
+PARTS = ("grid", "yardstick", "backends", "payments")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -637,6 +693,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mismatches.extend(found)
     if "backends" in args.parts:
         results["backends"], found = run_backends(cluster, yardstick, settings, console)
+        mismatches.extend(found)
+    if "payments" in args.parts:
+        results["payments"], found = run_payments(cluster, settings, console)
         mismatches.extend(found)
     results["mismatches"] = mismatches
     report_mismatches(console, mismatches)

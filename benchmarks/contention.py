@@ -11,6 +11,11 @@ machine runs). The runs' outcomes are recorded too: contention changes them (tha
 
 Run ``python benchmarks/contention.py [--policies themis,tiresias] [--workload workload2]
 [--repeats 1] [--out FILE]``; results go to ``benchmarks/results/contention.json``.
+
+``--aware`` compares instead Themis unaware (``themis``) and contention-aware (``themis-aware``,
+D36) with contention on, alternating the same way, and checks issue 34's Workload 2 goals: aware
+max rho at least 10% lower, mean contention ratio higher, GPU time no worse
+(``benchmarks/results/contention_aware.json``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, this file's folder comes first on sys.path: keep ``simulator`` the package.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "contention.json"
+AWARE_OUT = ROOT / "benchmarks" / "results" / "contention_aware.json"
 GOAL = 1.5  # contention on / off, CPU time
 
 
@@ -66,6 +72,39 @@ def run_child(policy: str, args: argparse.Namespace, contention: str | None) -> 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def aware(args: argparse.Namespace) -> int:
+    """D36: the same run with contention on, Themis unaware and aware, alternating per repeat."""
+    console = Console(stderr=True)
+    runs: list[dict[str, Any]] = []
+    for repeat in range(args.repeats):
+        for policy in (("themis", "themis-aware") if repeat % 2 == 0 else ("themis-aware", "themis")):
+            console.print(f"{policy}, contention on, repeat {repeat + 1}...")
+            runs.append({**run_child(policy, args, args.table), "repeat": repeat})
+    by = {p: [r for r in runs if r["policy"] == p and "error" not in r] for p in ("themis", "themis-aware")}
+    keys = ("cpu_s", "wall_s", "max_rho", "mean_rho", "avg_jct_h", "gpu_time_h", "mean_contention_ratio", "rounds")
+    rows = {p: {k: statistics.median(r[k] for r in rs) for k in keys} for p, rs in by.items() if rs}
+    goals = {}
+    if len(rows) == 2:
+        u, a = rows["themis"], rows["themis-aware"]
+        goals = {"max_rho_10pct_lower": a["max_rho"] <= 0.9 * u["max_rho"],
+                 "mean_ratio_higher": a["mean_contention_ratio"] > u["mean_contention_ratio"],
+                 "gpu_time_no_worse": a["gpu_time_h"] <= u["gpu_time_h"],
+                 "cpu_aware_over_unaware": a["cpu_s"] / u["cpu_s"]}
+    table = Table(title=f"Themis unaware vs aware (D36), contention on: {args.workload} on {args.cluster}, "
+                        f"seed {args.seed}, median of {args.repeats}")
+    for col in ("policy", *keys):
+        table.add_column(col, justify="right")
+    for p, row in rows.items():
+        table.add_row(p, *(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
+    Console().print(table)
+    if goals:
+        Console().print(goals)
+    write_results(args.out, {"benchmark": "contention_aware", "workload": args.workload, "cluster": args.cluster,
+                             "seed": args.seed, "table": args.table, "repeats": args.repeats,
+                             "machine": machine_info(), "rows": rows, "goals": goals, "runs": runs})
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policies", default="themis,tiresias")
@@ -76,11 +115,16 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--aware", action="store_true", help="themis unaware vs themis-aware, contention on (D36)")
     args = p.parse_args()
+    if args.out is None:
+        args.out = AWARE_OUT if args.aware else DEFAULT_OUT
     if args.child:
         print(json.dumps(child(args.child, args.workload, args.cluster, args.contention, args.seed)))
         return 0
+    if args.aware:
+        return aware(args)
     console = Console(stderr=True)
     runs: list[dict[str, Any]] = []
     for policy in args.policies.split(","):

@@ -11,16 +11,20 @@ For each liar (up to three apps per case) and each lie -- every strategy of
 rho_old, hiding rows, only the biggest rows, only 1-GPU rows, reporting infinity, sending no
 bid, and the work claim's own numbers (its total work B, its demand_max, its stated demand) -- the liar's *true* expected utility after the round, E[1/rho(what it holds then)] computed
 with its true app, is compared with what telling the truth gives. The expectation is exact over the liar's own lottery
-draw (D15: the round is run with the draw forced to win and to lose, weighted by its c_i) and
-averaged over ``--draws`` seeds for everything else (others' lotteries, leftover draws), with the
-same seeds for truth and lie. A lie "pays" when it raises that expectation by more than 1e-9.
+draw and the other winners' (D15, D38: the round is run once for each set of rows the lottery can
+keep -- for D38's lottery, each piece of its shared draw u on which the winners are the same --
+weighted by its probability) and averaged over ``--draws`` seeds for everything else (ties in the
+rank, the other draws of the round), with the same seeds for truth and lie. ``--lottery
+independent`` measures the lottery before D38 (a draw of its own per winner) the same way, over
+its 2^m outcomes. A lie "pays" when it raises that expectation by more than 1e-9.
 
 Every lie is tried under both ranks of D21: the liar ranked by the rho it reports (``reported``, the
 paper's rank, and the service's for an app bound to no model) and by the rho the arbiter computes
 from its claimed work at its model's slowdowns (``measured``, the service's for an app bound to a
 model); truthful apps rank the same either way.
 
-    python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--ranks reported,measured] [--out FILE]
+    python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--ranks reported,measured]
+        [--lottery rotated|independent] [--out FILE]
 
 Prints a table per rank and writes JSON (``benchmarks/results/strategyproof.json`` by default).
 """
@@ -28,6 +32,7 @@ Prints a table per rank and writes JSON (``benchmarks/results/strategyproof.json
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -51,6 +56,7 @@ from rich.table import Table
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import arbiter.auction as auction  # noqa: E402
+import arbiter.lottery as lottery  # noqa: E402
 from agent.agent import Agent  # noqa: E402
 from agent.appsched import AppScheduler, JobInfo, SingleJobApp, SuccessiveHalvingApp  # noqa: E402
 from agent.fairness import finish_time_fairness  # noqa: E402
@@ -138,15 +144,33 @@ def make_case(seed: int) -> Case:
 
 
 @contextmanager
-def forced_draw(liar: str, value: float | None) -> Iterator[None]:
-    """The liar's own lottery draw fixed to ``value`` (D15), the others' left as they are."""
-    original = auction.lottery_draw
-    if value is not None:
-        auction.lottery_draw = lambda seed, app: value if app == liar else original(seed, app)
+def forced_outcome(kept: frozenset[str]) -> Iterator[None]:
+    """The auction's lottery made to keep exactly the rows of ``kept`` (D15): their draws are 0, every
+    other winner's is above its c_i."""
+    original = auction.auction_draws
+    auction.auction_draws = lambda seed, apps: {a: 0.0 if a in kept else 1.0 - 1e-12 for a in sorted(apps)}
     try:
         yield
     finally:
-        auction.lottery_draw = original
+        auction.auction_draws = original
+
+
+def lottery_outcomes(c: dict[str, float], kind: str = "rotated") -> list[tuple[frozenset[str], float]]:
+    """Every set of rows the auction's lottery can keep, with its probability, exactly: D38's pieces
+    of the shared draw u (``rotated``, pieces with the same winners merged), or the 2^m outcomes of
+    independent draws for the m winners with 0 < c_i < 1 (``independent``, the lottery before D38)."""
+    if kind == "independent":
+        sure = frozenset(a for a in c if c[a] >= 1.0)
+        torn = sorted(a for a in c if 0.0 < c[a] < 1.0)
+        return [(sure | frozenset(a for a, k in zip(torn, bits) if k),
+                 math.prod(c[a] if k else 1.0 - c[a] for a, k in zip(torn, bits)))
+                for bits in itertools.product((0, 1), repeat=len(torn))]
+    merged: dict[frozenset[str], float] = {}
+    for u, w in lottery.cells(c):
+        draws = lottery.rotated_draws(u, c)
+        kept = frozenset(a for a in c if draws[a] < c[a])
+        merged[kept] = merged.get(kept, 0.0) + w
+    return list(merged.items())
 
 
 def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, float] | None = None,
@@ -188,8 +212,8 @@ class _Idle:
 
 
 def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
-            rank: str = "reported") -> tuple[float, tuple]:
-    """E[1/rho] of what the liar holds after the round, exact over its own lottery (D15), and where
+            rank: str = "reported", kind: str = "rotated") -> tuple[float, tuple]:
+    """E[1/rho] of what the liar holds after the round, exact over the auction's lottery (D15, D38), and where
     the round's rank put the liar (its place among the offered apps, and whether it bid in the
     auction): a lie can pay through the rank (step 1), which the auction does not see."""
     total = 0.0
@@ -200,19 +224,16 @@ def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
             auction_ = result.decision.auction if result.decision else None
             place = (result.bidders.index(liar) if liar in result.bidders else None,
                      bool(auction_ and liar in auction_.contenders))
-        decision = result.decision
-        c = None
-        if decision is not None and decision.auction is not None and liar in decision.auction.pf:
-            c = decision.auction.hidden_payment[liar]
-        if c is None or c in (0.0, 1.0):
+        outcome = result.decision.auction if result.decision is not None else None
+        c = {a: outcome.hidden_payment[a] for a in outcome.pf} if outcome else {}
+        outcomes = lottery_outcomes(c, kind)
+        if len(outcomes) <= 1:
             total += _value(engine, apps[liar], liar)
             continue
-        parts = []
-        for draw in (0.0, 1.0 - 1e-12):
-            with forced_draw(liar, draw):
+        for kept, weight in outcomes:
+            with forced_outcome(kept):
                 engine, _, apps = run_round(case, seed, liar, lie, rank)
-            parts.append(_value(engine, apps[liar], liar))
-        total += c * parts[0] + (1 - c) * parts[1]
+            total += weight * _value(engine, apps[liar], liar)
     return total / draws, place
 
 
@@ -223,18 +244,18 @@ def _value(engine: RoundEngine, app: AppScheduler, name: str) -> float:
     return 0.0 if math.isinf(rho) else 1.0 / rho
 
 
-def study_case(args: tuple[int, int, int, tuple[str, ...]]) -> list[dict[str, Any]]:
-    seed, draws, liars, ranks = args
+def study_case(args: tuple[int, int, int, tuple[str, ...], str]) -> list[dict[str, Any]]:
+    seed, draws, liars, ranks, kind = args
     case = make_case(seed)
     rng = random.Random(f"liars:{seed}")
     chosen = rng.sample([p.name for p in case.apps], min(liars, len(case.apps)))
     rows = []
     for liar in chosen:
-        truth, place = utility(case, liar, draws, None)
+        truth, place = utility(case, liar, draws, None, kind=kind)
         holds = any(p.held for p in case.apps if p.name == liar)
         for rank in ranks:
             for lie in LIES:
-                lied, lie_place = utility(case, liar, draws, lie, rank)
+                lied, lie_place = utility(case, liar, draws, lie, rank, kind)
                 gain = (lied - truth) / truth if truth > 0 else (math.inf if lied > 0 else 0.0)
                 rows.append({"case": seed, "liar": liar, "holds": holds, "lie": f"{lie[0]} {lie[1]:g}".strip(),
                              "rank": rank, "truth": truth, "lied": lied, "gain": gain,
@@ -268,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="12 cases, 2 draws")
     parser.add_argument("--ranks", default=",".join(RANKS),
                         help="comma-separated: where the liar's rank comes from (D21)")
+    parser.add_argument("--lottery", choices=("rotated", "independent"), default="rotated",
+                        help="the auction's lottery: D38's (the code's) or independent draws (before D38), "
+                             "either exact over its outcomes")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.quick:
@@ -277,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         check_rank(rank)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    jobs = [(seed, args.draws, args.liars, ranks) for seed in range(args.cases)]
+    jobs = [(seed, args.draws, args.liars, ranks, args.lottery) for seed in range(args.cases)]
     with Progress(TextColumn("cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("cases", total=len(jobs))
@@ -294,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in rows if r["rank"] == rank]
         summary = summaries[rank] = summarize(mine)
         table = Table(title=f"Does lying pay? {args.cases} rounds on {CLUSTER}, {len(mine) // len(LIES)} liars, "
-                            f"{rank} rank (D21), exact over the liar's lottery, {args.draws} draws otherwise")
+                            f"{rank} rank (D21), exact over the auction's lottery, {args.draws} draws otherwise")
         for col in ("lie", "cases", "pays", "share", "> 1%", "mean gain", "max gain", "rank moved",
                     "pays, same rank", "max, same rank"):
             table.add_column(col, justify="right")
@@ -309,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                       pct(max((r["gain"] for r in same), default=0.0)))
         Console(width=160).print(table)
     result = {"machine": machine_info(), "cases": args.cases, "draws": args.draws, "liars_per_case": args.liars,
+              "lottery": args.lottery,
               "wall_seconds": time.perf_counter() - started, "ranks": list(ranks),
               "summary": summaries.get("reported", {}), "summary_by_rank": summaries,
               "paying": [r for r in rows if r["lied"] > r["truth"] + 1e-9]}

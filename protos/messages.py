@@ -35,6 +35,17 @@ class Neighbour:
 
 
 @dataclass(frozen=True)
+class RunningJob:
+    """One of an app's jobs as it runs (D35, while the arbiter models contention): its GPUs, its
+    contention class, and the contention ratio its agent's profiler measured (0: not measured)."""
+
+    job: str
+    gpus: frozenset[str]
+    cls: str = ""
+    ratio: float = 0.0
+
+
+@dataclass(frozen=True)
 class Offer:
     """A round's non-binding offer (paper 4.2.2 step 2): the free GPUs with their place in the
     hierarchy, the time, and the app's N_avg (D5)."""

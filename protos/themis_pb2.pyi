@@ -57,7 +57,7 @@ class Settings(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "report", "bid", "release", "demand", "heartbeat", "done")
+    __slots__ = ("hello", "report", "bid", "release", "demand", "heartbeat", "done", "jobs")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     BID_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class AgentMessage(_message.Message):
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     report: RhoReport
     bid: Bid
@@ -72,10 +73,11 @@ class AgentMessage(_message.Message):
     demand: DemandUpdate
     heartbeat: Heartbeat
     done: Done
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[RhoReport, _Mapping]] = ..., bid: _Optional[_Union[Bid, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., demand: _Optional[_Union[DemandUpdate, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
+    jobs: RunningJobs
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[RhoReport, _Mapping]] = ..., bid: _Optional[_Union[Bid, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., demand: _Optional[_Union[DemandUpdate, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., jobs: _Optional[_Union[RunningJobs, _Mapping]] = ...) -> None: ...
 
 class ArbiterMessage(_message.Message):
-    __slots__ = ("welcome", "rho_request", "offer", "grant", "revocation", "rejection", "heartbeat", "goodbye")
+    __slots__ = ("welcome", "rho_request", "offer", "grant", "revocation", "rejection", "heartbeat", "goodbye", "neighbourhood")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RHO_REQUEST_FIELD_NUMBER: _ClassVar[int]
     OFFER_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +86,7 @@ class ArbiterMessage(_message.Message):
     REJECTION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURHOOD_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     rho_request: RhoRequest
     offer: Offer
@@ -92,7 +95,8 @@ class ArbiterMessage(_message.Message):
     rejection: Rejection
     heartbeat: Heartbeat
     goodbye: Goodbye
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., rho_request: _Optional[_Union[RhoRequest, _Mapping]] = ..., offer: _Optional[_Union[Offer, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., revocation: _Optional[_Union[Revocation, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+    neighbourhood: Neighbourhood
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., rho_request: _Optional[_Union[RhoRequest, _Mapping]] = ..., offer: _Optional[_Union[Offer, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., revocation: _Optional[_Union[Revocation, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., neighbourhood: _Optional[_Union[Neighbourhood, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("app", "demand", "take_over")
@@ -217,6 +221,36 @@ class Neighbour(_message.Message):
     gpus: int
     machines: int
     def __init__(self, machine: _Optional[str] = ..., cls: _Optional[str] = ..., gpus: _Optional[int] = ..., machines: _Optional[int] = ...) -> None: ...
+
+class RunningJobs(_message.Message):
+    __slots__ = ("app", "jobs")
+    APP_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    app: str
+    jobs: _containers.RepeatedCompositeFieldContainer[RunningJob]
+    def __init__(self, app: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ...) -> None: ...
+
+class RunningJob(_message.Message):
+    __slots__ = ("job", "gpus", "cls", "ratio")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CLS_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    cls: str
+    ratio: float
+    def __init__(self, job: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., cls: _Optional[str] = ..., ratio: _Optional[float] = ...) -> None: ...
+
+class Neighbourhood(_message.Message):
+    __slots__ = ("table", "cls", "neighbours")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    CLS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    cls: str
+    neighbours: _containers.RepeatedCompositeFieldContainer[Neighbour]
+    def __init__(self, table: _Optional[str] = ..., cls: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ...) -> None: ...
 
 class Bid(_message.Message):
     __slots__ = ("round_id", "app", "rho_old", "rows")

@@ -21,6 +21,7 @@ from protos.messages import (
     Position,
     RhoReport,
     RhoRequest,
+    RunningJob,
     WorkClaim,
 )
 
@@ -86,6 +87,42 @@ def neighbourhood(items: Iterable[pb.Neighbour]) -> dict[str, tuple[Neighbour, .
                             f"got {n.gpus} and {n.machines}")
         out.setdefault(n.machine, []).append(Neighbour(n.cls, n.gpus, n.machines))
     return {m: tuple(around) for m, around in out.items()}
+
+
+def neighbours_pb(neighbourhood: Mapping[str, Iterable[Neighbour]]) -> list[pb.Neighbour]:
+    return [pb.Neighbour(machine=m, cls=n.cls, gpus=n.gpus, machines=n.machines)
+            for m, around in neighbourhood.items() for n in around]
+
+
+MAX_JOBS = 4096  # jobs one app reports at once: more than any cluster has GPUs to run
+
+
+def running_jobs_pb(app: str, jobs: Iterable[RunningJob]) -> pb.RunningJobs:
+    return pb.RunningJobs(app=app, jobs=[pb.RunningJob(job=j.job, gpus=sorted(j.gpus), cls=j.cls, ratio=j.ratio)
+                                         for j in jobs])
+
+
+def running_jobs(msg: pb.RunningJobs) -> tuple[RunningJob, ...]:
+    """An app's jobs (D35); a job without an id or GPUs, a GPU in two jobs, or a ratio that is not
+    a number in [0, 1] (0: not measured; a measured ratio above 1 is sent as 1) raises :class:`WireError`."""
+    out: list[RunningJob] = []
+    seen: set[str] = set()
+    ids: set[str] = set()
+    for k, j in enumerate(msg.jobs):
+        if k >= MAX_JOBS:
+            raise WireError(f"more than {MAX_JOBS} running jobs")
+        if not j.job or j.job in ids or not j.gpus or len(j.cls) > MAX_CLASS_CHARS:
+            raise WireError(f"running job {k}: needs a unique non-empty id, GPUs, and a class of at most "
+                            f"{MAX_CLASS_CHARS} characters; got {j.job[:64]!r} on {len(j.gpus)} GPUs")
+        if not (0.0 <= j.ratio <= 1.0):  # NaN fails too
+            raise WireError(f"running job {j.job[:64]!r}: ratio must be in [0, 1], got {j.ratio!r}")
+        gpus = frozenset(j.gpus)
+        if len(gpus) != len(j.gpus) or gpus & seen or "" in gpus:
+            raise WireError(f"running job {j.job[:64]!r}: a GPU is empty, repeated or in another job")
+        seen |= gpus
+        ids.add(j.job)
+        out.append(RunningJob(j.job, gpus, j.cls, j.ratio))
+    return tuple(out)
 
 
 def offer(msg: pb.Offer) -> Offer:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.contention_pricing import ContentionPricing
 from arbiter.contention import (
     FLOOR,
     ClassMap,
@@ -37,6 +38,8 @@ from arbiter.contention import (
     load_table,
     ratio_of,
 )
+from arbiter.contention_aware import harm_of, neighbourhood_of
+from protos.messages import Neighbour
 
 JobKey = tuple[str, str]  # (app, job)
 
@@ -238,6 +241,10 @@ class ContentionTracker:
 
     # -- what a policy may ask (arbiter.policies.base.ContentionView) ----------------------------
 
+    def pricing(self, app: str) -> ContentionPricing:
+        """D36: what the app's agent prices contention with: the table, its model's class, the floor."""
+        return ContentionPricing(self.model.table, self.cls[app], self.model.floor)
+
     def kind(self, app: str) -> str | None:
         """The app's contention class (None for an app the workload does not have)."""
         return self.cls.get(app)
@@ -245,6 +252,37 @@ class ContentionTracker:
     def ratio(self, app: str) -> float:
         """The lowest ratio among the app's placed jobs now (1 if none is placed)."""
         return min((self._ratio[k] for k in self._jobs_of.get(app, ()) if k in self._ratio), default=1.0)
+
+    def _running(self, app: str, machines: set[str] | None = None) -> list[tuple[JobKey, Placed]]:
+        """Other apps' jobs whose GPUs their app still holds (a round's expired leases are not
+        neighbours), on ``machines`` when given."""
+        keys = self._where if machines is None else {
+            k for m in machines for k in self._on_machine.get(m, ())} | {
+            k for k, (_, p) in self._where.items() if not p.kind.spread and p.machines & machines}
+        out = []
+        for key in sorted(keys):
+            owner = key[0]
+            held, placed = self._where[key]
+            if owner != app and set(held) <= self.sim.engine.held(owner):
+                out.append((key, placed))
+        return out
+
+    def neighbourhood(self, app: str, machines: Iterable[str]) -> dict[str, tuple[Neighbour, ...]]:
+        """D36: per machine of ``machines``, the other apps' running jobs there (class, GPUs, machines)."""
+        wanted = set(machines)
+        return neighbourhood_of((p for _, p in self._running(app, wanted)), wanted)
+
+    def harm(self, app: str, gpus: Iterable[str]) -> float:
+        """D36: what a job of ``app`` on ``gpus`` would leave of the other running jobs' speed."""
+        row = Placed.on(self.cls[app], (self.machine[g] for g in gpus))
+        if not row.kind.spread:
+            return 1.0
+        running = []
+        for key in sorted({k for m in row.machines for k in self._on_machine.get(m, ())}):
+            held, placed = self._where[key]
+            if key[0] != app and set(held) <= self.sim.engine.held(key[0]):
+                running.append((placed, self._ratio[key]))
+        return harm_of(self.model.table, row, running, self.model.floor)
 
     def ratio_if(self, app: str, gpus: Iterable[str]) -> float:
         """The ratio one job of ``app`` would run at on ``gpus`` with every other app's jobs where

@@ -6,7 +6,8 @@ lease ends), no restart cost (its simulator charges none) and its measured conte
 shipped table) on for every policy: DeepShare's two baselines as its simulator runs them
 (``deepshare-las``, ``deepshare-srtf``), the textbook LAS and SRTF placed the same way (``las``,
 ``srtf``), the project's Tiresias and Optimus (consolidated placement) and Themis, unaware of
-contention. ``--policies`` picks others, ``--quick`` a slice of 48 jobs, ``--contention FILE``
+contention (``themis``) and aware of it (``themis-aware``, D36: bids price the contention they
+would suffer, the auction charges the slowdown a row does to the jobs already running). ``--policies`` picks others, ``--quick`` a slice of 48 jobs, ``--contention FILE``
 another table, ``--preempt-at 0.6`` DeepShare's preemption for every policy.
 
 Per policy: average, p90 and max JCT under both definitions -- from submission (ours; every job
@@ -31,7 +32,7 @@ from simulator.runs import run_seeds
 from simulator.seeds import aggregate
 from simulator.workloads.deepshare import DEFAULT_TRACE
 
-POLICIES = ["deepshare-las", "deepshare-srtf", "las", "srtf", "tiresias", "optimus", "themis"]
+POLICIES = ["deepshare-las", "deepshare-srtf", "las", "srtf", "tiresias", "optimus", "themis", "themis-aware"]
 #: Policies whose runs draw nothing at random on this workload (one seed says all).
 DETERMINISTIC = frozenset({"deepshare-las", "deepshare-srtf", "las", "srtf", "tiresias", "optimus", "fifo",
                            "gandiva", "drf", "deepshare-rl", "deepshare-rl-hybrid"})

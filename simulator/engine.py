@@ -175,6 +175,8 @@ class Simulation:
         app = build_app(spec, self.profiles[spec.model].slowdown)
         agent = self.agent_factory(spec, app)
         agent.restart_s = self.restart_of(spec)  # what its jobs pay to move here (D11); its bids carry it (D17)
+        if self.contention is not None and self.policy.contention_aware and agent.contention is None:
+            agent.contention = self.contention.pricing(spec.app_id)  # D36: its model's class prices its rows
         run = AppRun(spec, app, agent)
         if isinstance(app, SimCurveStoppingApp):
             step = checkpoint_every(spec)

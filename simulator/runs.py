@@ -25,6 +25,8 @@ from simulator.metrics import summarize
 from simulator.run_store import RunStore, console
 from simulator.workloads import load_workload
 
+THEMIS_NAMES = ("themis", "themis-aware")  # Themis, and Themis with contention priced (D36)
+
 if TYPE_CHECKING:
     from simulator.ray_sweep import RayCluster
 
@@ -88,7 +90,7 @@ def simulate(
         name, level, liars = strategy
         chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
         agent_factory = liar_factory(chosen, name, level, seed)
-    options: dict[str, Any] = {"fairness_knob": fairness_knob, "max_contenders": max_contenders} if policy == "themis" else {}
+    options: dict[str, Any] = {"fairness_knob": fairness_knob, "max_contenders": max_contenders} if policy in THEMIS_NAMES else {}
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
@@ -127,10 +129,10 @@ def simulate(
         result = sim.run()
     if recorder is not None:
         recorder.close()
-    summary = summarize(result, fairness_knob=fairness_knob if policy == "themis" else None, lease_s=lease,
+    summary = summarize(result, fairness_knob=fairness_knob if policy in THEMIS_NAMES else None, lease_s=lease,
                      restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
                      workload_source=the_workload.source,
-                     **({"max_contenders": max_contenders} if policy == "themis" and max_contenders else {}),
+                     **({"max_contenders": max_contenders} if policy in THEMIS_NAMES and max_contenders else {}),
                      **({"resplit": resplit} if resplit != "now" else {}),
                      **({} if reclaim else {"reclaim": False}),
                      **({"contention": contention} if contention is not None else {}),

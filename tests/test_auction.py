@@ -335,6 +335,7 @@ def test_every_solver_path_returns_the_same_canonical_allocation(seed, monkeypat
     searched = run_auction(offered, bids, seed=1)
     monkeypatch.setattr(auction, "_ENUMERATION_LIMIT", 0)
     monkeypatch.setattr(auction, "_SEARCH_NODES", 0)
+    monkeypatch.setattr(auction._Bounded, "cap", lambda self, upper: None)  # no c_i from bounds alone (D39)
     for solver in SOLVERS:
         milp = run_auction(offered, bids, seed=1, solver=solver)
         assert milp.solves > 0 and milp.canonical
@@ -734,3 +735,94 @@ def test_a_shadow_is_left_out_of_the_pf_and_the_winner_that_shut_it_out_is_charg
     assert outcome.admitted == ("app1", "app2") and outcome.shadows == ("app0",)
     assert outcome.pf == {"app1": frozenset({g0, g1})} and outcome.hidden_payment["app1"] == 0.0
     assert h0 in outcome.leftover  # for the leftover tiers (D9, D26)
+
+
+# -- the lottery decided from bounds on c_i (D39) ------------------------------------------------
+
+
+def _same_lottery(exact, bounded):
+    """The bounded auction decided every lottery as the exact one did, and what it reports of c_i
+    is the exact c_i or bounds around it."""
+    assert (bounded.pf, bounded.granted, bounded.leftover, bounded.draws) == (exact.pf, exact.granted, exact.leftover,
+                                                                             exact.draws)
+    assert set(bounded.hidden_payment) | set(bounded.payment_bounds) == set(exact.hidden_payment)
+    assert not set(bounded.hidden_payment) & set(bounded.payment_bounds)
+    for app, c in bounded.hidden_payment.items():
+        assert c == exact.hidden_payment[app]
+    for app, (lo, hi) in bounded.payment_bounds.items():
+        assert app in exact.pf and lo <= exact.hidden_payment[app] <= hi
+        assert (app in exact.granted) == (exact.draws[app] < lo)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(), st.integers(0, 2**31))
+def test_the_bounded_lottery_grants_what_the_exact_one_does(instance, seed):
+    offered, bids = instance
+    _same_lottery(run_auction(offered, bids, seed=seed), run_auction(offered, bids, seed=seed, exact_payments=False))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(instance=instances(), seed=st.integers(0, 1000))
+def test_the_bounded_lottery_grants_what_the_exact_one_does_on_the_milp_path(instance, seed, force_milp):
+    offered, bids = instance
+    _same_lottery(run_auction(offered, bids, seed=seed), run_auction(offered, bids, seed=seed, exact_payments=False))
+
+
+def test_bounds_skip_re_solves_on_yardstick_auctions_and_grant_the_same():
+    """Auctions with contested winners: over a few seeds each, some lotteries are decided by the bounds
+    alone (no exact c_i), and every grant is the exact auction's."""
+    skipped = 0
+    for offered, bids in _load_instances({(16, 8), (64, 8), (64, 16)}):
+        for seed in range(4):
+            exact = run_auction(offered, bids, seed=seed)
+            bounded = run_auction(offered, bids, seed=seed, exact_payments=False)
+            _same_lottery(exact, bounded)
+            assert bounded.solves <= exact.solves
+            skipped += len(bounded.payment_bounds)
+    assert skipped > 0
+
+
+def test_bounds_on_c_hold_and_tighten_on_random_components():
+    """What each step proves of c_i (D39) holds: the bounds that cost no solve, then those after the
+    LP relaxation, contain the exact c_i, and are the exact c_i where they meet."""
+    import arbiter.auction as auction
+
+    rnd = random.Random(39)
+    seen = {"bounded": 0, "settled by the relaxation": 0}
+    for _ in range(100):
+        for comp in _random_component(rnd):
+            solver = auction._ComponentSolver(comp, "highs")
+            solver.enumerate = False
+            solver.prices, _ = auction._lp_prices(comp)
+            _, choice = auction._search(comp, None)
+            for i, r in enumerate(choice):
+                if r < 0:
+                    continue
+                served, with_i = auction._served_and_log(comp, choice, i)
+                _, alt = auction._search(comp, i)
+                served_without, without_i = auction._served_and_log(comp, alt, i)
+                exact = 0.0 if served_without > served else auction._payment(max(without_i, with_i) - with_i)
+                bounded = auction._bounded(comp, solver, choice, i)
+                if isinstance(bounded, float):
+                    assert bounded == exact
+                    continue
+                seen["bounded"] += 1
+                assert bounded.lo <= exact <= bounded.hi
+                settled = bounded.tighten()
+                assert bounded.lo <= exact <= bounded.hi
+                if settled is not None:
+                    seen["settled by the relaxation"] += 1
+                    assert settled == exact
+                assert bounded.resolve() == exact
+    assert seen["bounded"] > 0 and seen["settled by the relaxation"] > 0
+
+
+def test_the_bounded_lottery_compares_the_draw_with_c_times_the_harm():
+    """With a harm factor per row (D36) a winner keeps its row iff its draw < c_i x h_i; the bounds
+    decide against draw / h_i, so the grants are the exact auction's."""
+    for offered, bids in _load_instances({(16, 8), (64, 8)}):
+        rnd = random.Random(len(offered))
+        harm = {app: tuple(rnd.choice([1.0, 0.9, 0.5]) for _ in bid.rows) for app, bid in bids.items()}
+        for seed in range(3):
+            exact = run_auction(offered, bids, seed=seed, harm=harm)
+            _same_lottery(exact, run_auction(offered, bids, seed=seed, harm=harm, exact_payments=False))

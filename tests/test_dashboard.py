@@ -242,9 +242,12 @@ def test_the_api_json_shapes_and_errors(recorded):
     assert from_json(RoundView, {k: v for k, v in one.items() if k != "bidders"}) == chosen
     assert one["bidders"] == list(chosen.bidders)
     for c in one["contenders"]:
-        assert set(c) == {"app", "admitted", "shadow", "pf_row", "pf_rho", "c", "draw", "won"}
-        if c["pf_row"]:
+        assert set(c) == {"app", "admitted", "shadow", "pf_row", "pf_rho", "c", "draw", "won", "c_bounds"}
+        if c["pf_row"] and c["c"] is not None:
             assert c["won"] == (c["draw"] < c["c"])
+        elif c["pf_row"]:  # D39: the bounds decided the lottery
+            lo, hi = c["c_bounds"]
+            assert c["won"] == (c["draw"] < lo) and (c["won"] or c["draw"] >= hi)
     ranks = [r["rho"] for r in one["ranked"] if not r["offered"]]
     assert [math.inf if r == "inf" else r for r in ranks] == sorted((math.inf if r == "inf" else r for r in ranks),
                                                                     reverse=True)

@@ -69,7 +69,8 @@ def test_the_live_map_shows_a_grant_and_a_rounds_page_lists_its_bidders_and_draw
     assert drawn
     for c in drawn:
         row = by_app[c.app]
-        assert row[4].strip() == f"{c.c:.3f}", (row, c)
+        shown = f"{c.c:.3f}" if c.c is not None else f"{c.c_bounds[0]:.3f}\u2013{c.c_bounds[1]:.3f}"  # D39
+        assert row[4].strip() == shown, (row, c)
         assert row[6].strip() == ("won" if c.won else "lost"), (row, c)
 
 

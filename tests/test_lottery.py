@@ -1,4 +1,5 @@
-"""D24: a round's randomness is public in a simulation and secret, committed and revealed in a service.
+"""D24: a round's randomness is public in a simulation and secret, committed and revealed in a service;
+D38: the auction's lottery draws once and spreads that draw evenly over its winners.
 
 The audit predicted the service's auction seed in 20 of 20 rounds: it followed from seed 0, the
 round id and the number of ranked apps, all of which an app sees. These tests hold the engine and
@@ -11,11 +12,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import random
 
 from agent.agent import Agent
+from agent.appsched import SuccessiveHalvingApp
 from agent.client import AgentClient
 from arbiter.cluster import load_cluster
-from arbiter.lottery import RoundSeeds, commitment, new_secret, verify
+from arbiter.lottery import (
+    RoundSeeds,
+    auction_draws,
+    cells,
+    commitment,
+    independent_draws,
+    new_secret,
+    rotated_draws,
+    shared_draw,
+    verify,
+)
 from arbiter.policies import make_policy
 from arbiter.rounds import RoundEngine
 from protos import themis_pb2 as pb
@@ -137,3 +150,104 @@ def test_a_service_commits_to_each_rounds_seed_before_the_bids_reveals_it_after_
     other.mkdir()
     assert asyncio.run(again(other)) != seen.seed  # a new journal, a new secret
 
+
+
+# D38: one shared draw per auction, spread evenly over the PF winners.
+
+def _searches_on_four_gpus(seed: int, fairness_knob: float = 0.0):
+    """Two equal searches of four 1-GPU jobs, both starving, on one 4-GPU machine; by default f = 0
+    so that both contend (with D6's default f = 0.8 only the worst-ranked of two bids)."""
+    cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
+    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=fairness_knob), seed=seed, reclaim=False)
+    agents = {}
+    for name in ("a", "b"):
+        engine.add_app(name, 0)
+        app = SuccessiveHalvingApp([10.0 + k for k in range(4)], [1000.0, 2000.0], job_demand_max=1,
+                                   slowdown=(1.0, 1.1, 1.5, 2.0))
+        agents[name] = Agent(app, name=name)
+    return engine.run_round(1, agents)
+
+
+def test_two_searches_on_four_gpus_are_no_longer_both_lost_in_one_round():
+    """The swing: each search's PF row is 2 GPUs at c ~ 0.54. With a draw of its own per app both
+    rows were lost in about a fifth of the rounds, and D26 then gave all 4 GPUs to the one ranked
+    first (4/0). Under D38 the two draws sit half a circle apart, so with both c_i >= 1/2 one row is
+    always kept, and the other's row goes back to the app that lost it (the only one left wanting
+    GPUs): 2/2 in every seed."""
+    lost_both_before = 0
+    for seed in range(30):
+        result = _searches_on_four_gpus(seed)
+        outcome = result.decision.auction
+        assert set(outcome.pf) == {"a", "b"} and all(len(g) == 2 for g in outcome.pf.values())
+        c = outcome.hidden_payment
+        assert all(0.5 <= c[a] < 1 for a in outcome.pf)
+        assert outcome.granted, f"seed {seed}: the auction handed out nothing"
+        held = {a: sum(len(g.gpus) for g in result.grants if g.app == a) for a in ("a", "b")}
+        assert held == {"a": 2, "b": 2}
+        before = independent_draws(seed, outcome.pf)
+        lost_both_before += all(before[a] >= c[a] for a in outcome.pf)
+    assert lost_both_before > 0  # what the independent draws did with the same c_i
+
+
+def _random_payments(rng: random.Random) -> dict[str, float]:
+    n = rng.randint(1, 9)
+    pick = [0.0, 1.0, 0.5, 1 / 3, rng.random(), rng.random(), rng.random()]
+    return {f"app{k}": rng.choice(pick) for k in range(n)}
+
+
+def test_each_winner_keeps_its_row_with_probability_exactly_its_hidden_payment():
+    """Exact, not sampled: over the pieces of the one shared draw u on which the outcome is constant
+    (:func:`cells`, their lengths summing to 1), each winner's draw is below its c_i on pieces whose
+    lengths sum to c_i -- the marginal of D15, whatever the other winners and their c_j."""
+    rng = random.Random(38)
+    for _ in range(500):
+        c = _random_payments(rng)
+        pieces = cells(c)
+        assert math.isclose(sum(w for _, w in pieces), 1.0, abs_tol=1e-12)
+        kept = dict.fromkeys(c, 0.0)
+        for u, w in pieces:
+            draws = rotated_draws(u, c)
+            for app in c:
+                kept[app] += w * (draws[app] < c[app])
+        for app in c:
+            assert math.isclose(kept[app], c[app], abs_tol=1e-12), (c, app, kept[app])
+
+
+def test_each_draw_alone_is_a_rotation_of_the_shared_one():
+    """Why the marginal is exact (the proof behind the test above): winner k of n draws
+    (u + k/n) mod 1, a rotation of the circle, which keeps the uniform measure; so each draw is
+    uniform whoever else won, and nothing an app reports moves its own draw's law."""
+    for n in range(1, 8):
+        apps = [f"x{k}" for k in range(n)]
+        for u in (0.0, 0.123, 0.5, 0.999):
+            draws = rotated_draws(u, apps)
+            assert sorted(draws) == apps
+            for k, app in enumerate(apps):
+                assert math.isclose(draws[app], (u + k / n) % 1.0)
+            gaps = sorted(draws.values())
+            assert all(math.isclose(b - a, 1 / n) for a, b in zip(gaps, gaps[1:]))
+    assert set(auction_draws(7, ["b", "a"])) == {"a", "b"}
+    assert auction_draws(7, ["a", "b"]) == rotated_draws(shared_draw(7), ["a", "b"])
+
+
+def test_when_every_hidden_payment_is_at_least_one_nth_some_winner_keeps_its_row():
+    """The round in which the auction hands out nothing: with independent draws its chance is the
+    product of the (1 - c_i); with the draws 1/n apart one of them is always below 1/n."""
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        c = {f"a{k}": rng.uniform(1 / n, 1.0) for k in range(n)}
+        for u, _ in cells(c):
+            draws = rotated_draws(u, c)
+            assert any(draws[a] < c[a] for a in c)
+
+
+def test_at_the_default_knob_two_searches_swing_without_any_lottery():
+    """The 4/0 the issue saw at D6's default f = 0.8: with two apps ceil(0.2 x 2) = 1 bids, wins its
+    best row (all 4 GPUs) at c = 1 -- nobody else bid -- and the other, the reserve (D14), finds
+    nothing left. No draw decides it, so D38 does not change it."""
+    result = _searches_on_four_gpus(0, fairness_knob=0.8)
+    outcome = result.decision.auction
+    assert len(outcome.contenders) == 1 and outcome.hidden_payment[outcome.contenders[0]] == 1.0
+    held = sorted(sum(len(g.gpus) for g in result.grants if g.app == a) for a in ("a", "b"))
+    assert held == [0, 4]

@@ -146,6 +146,7 @@ class Contender:
     c: float | None = None
     draw: float | None = None
     won: bool = False
+    c_bounds: tuple[float, float] | None = None  # D39: lo <= c_i <= hi where the lottery did not need c_i
 
 
 @dataclass(frozen=True, slots=True)

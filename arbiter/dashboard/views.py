@@ -102,6 +102,7 @@ def round_view(result: RoundResult, *, trigger: str = "", policy: str = "", sile
                 c=outcome.hidden_payment.get(app) if app in outcome.pf else None,
                 draw=draws.get(app),
                 won=app in outcome.granted,
+                c_bounds=outcome.payment_bounds.get(app),
             )
             for app in outcome.contenders
         )

@@ -13,13 +13,14 @@ from arbiter.policies.las import LasPolicy
 from arbiter.policies.optimus import OptimusPolicy
 from arbiter.policies.slaq import SlaqPolicy
 from arbiter.policies.srtf import SrtfPolicy
-from arbiter.policies.themis import ThemisPolicy
+from arbiter.policies.themis import ContentionAwareThemisPolicy, ThemisPolicy
 from arbiter.policies.tiresias import TiresiasPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (ThemisPolicy, GandivaPolicy, TiresiasPolicy, OptimusPolicy, SlaqPolicy, FifoPolicy, DrfPolicy)
 }
+POLICIES[ContentionAwareThemisPolicy.name] = ContentionAwareThemisPolicy  # D36
 # DeepShare's baselines (seeds/002): textbook LAS and SRTF and DeepShare's own two, placed as it does
 POLICIES.update({cls.name: cls for cls in (LasPolicy, SrtfPolicy, DeepShareLasPolicy, DeepShareSrtfPolicy)})
 

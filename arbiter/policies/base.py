@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from arbiter.auction import AuctionOutcome
-from protos.messages import BidTable, Position, RhoReport
+from protos.messages import BidTable, Neighbour, Position, RhoReport
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Decision:
 
 
 class ContentionView(Protocol):
-    """What a contention-aware policy may ask about network contention (D35), where a contention
+    """What a contention-aware policy may ask about network contention (D35, D36), where a contention
     model is on (the simulator's ``--contention``; ``simulator.contention.ContentionTracker``)."""
 
     def kind(self, app: str) -> str | None:
@@ -75,6 +75,15 @@ class ContentionView(Protocol):
     def ratio_if(self, app: str, gpus: Iterable[str]) -> float:
         """The ratio one job of the app would run at on ``gpus``, every other job where it is."""
 
+    def neighbourhood(self, app: str, machines: Iterable[str]) -> Mapping[str, tuple[Neighbour, ...]]:
+        """D36, what an offer to ``app`` carries: per machine of ``machines``, the jobs of the other
+        apps running there (their GPUs still held), as class, GPUs and machines spanned
+        (``arbiter.contention_aware.neighbourhood_of`` computes it from the running jobs)."""
+
+    def harm(self, app: str, gpus: Iterable[str]) -> float:
+        """D36: what a row of ``app`` on ``gpus`` (one job of its class) would leave of the running
+        jobs' speed, in (0, 1] (``arbiter.contention_aware.harm_of``, with their ratios now)."""
+
 
 class Policy(ABC):
     name: ClassVar[str]
@@ -82,6 +91,8 @@ class Policy(ABC):
     report_extras: ClassVar[frozenset[str]] = frozenset()
     #: D35: set by a simulator with a contention model on; None where contention is not modelled
     contention: ContentionView | None = None
+    #: D36: whether offers carry the neighbourhood and allocations charge the harm (with ``contention``)
+    contention_aware: bool = False
 
     @abstractmethod
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:

@@ -80,7 +80,9 @@ class ThemisPolicy(Policy):
     name = "themis"
 
     def __init__(self, fairness_knob: float = DEFAULT_FAIRNESS_KNOB, solver: str = DEFAULT_SOLVER,
-                 fill: bool = True, max_contenders: int | None = None):
+                 fill: bool = True, max_contenders: int | None = None, exact_payments: bool = True):
+        """``exact_payments`` False (D39, the service's setting): the auction re-solves for c_i only
+        where the lottery needs it and reports the other winners' c_i as bounds; grants are the same."""
         check_knob(fairness_knob)
         if max_contenders is not None and max_contenders < 1:
             raise ValueError(f"max_contenders must be at least 1 (or None for no cap), got {max_contenders}")
@@ -90,6 +92,7 @@ class ThemisPolicy(Policy):
             import highspy  # noqa: F401 -- loaded now (0.1 s), not in the first big round's auction
         self.fill = fill
         self.max_contenders = max_contenders
+        self.exact_payments = exact_payments
 
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
         waiting = {a: ctx.reports[a].rho_wait for a in rho if a in ctx.reports}
@@ -117,15 +120,18 @@ class ThemisPolicy(Policy):
         priority = [a for a in ctx.offered if a in bids and a in stage]
         # D20: the auction takes the worst max_contenders bidders with a useful row (D8); the
         # others are queued below.
+        harm = self._harms(bids) if self.contention_aware and self.contention is not None else None
         outcome = run_auction(ctx.free, {a: bids[a] for a in priority}, seed=ctx.seed, solver=self.solver,
-                              position=ctx.position, priority=priority, max_contenders=self.max_contenders)
+                              position=ctx.position, priority=priority, max_contenders=self.max_contenders,
+                              harm={a: harm[a] for a in priority} if harm else None,
+                              exact_payments=self.exact_payments)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
         # In rank order, every offered app that did not contend: bidders past the first |offered|
         # with useful rows, then the reserve (D14). A contender has had its auction (D8); letting it
         # take what is left without a lottery would pay it to lose there (hiding rows, overstating rho).
         contended = set(outcome.contenders)
         queued = [a for a in ctx.offered if a in bids and a not in contended]
-        first = serve_queue(outcome.leftover, queued, unmet, bids)
+        first = serve_queue(outcome.leftover, queued, unmet, bids, harm=harm, seed=ctx.seed)
         pool = outcome.leftover - frozenset().union(*first.values()) if first else outcome.leftover
         for app, gpus in first.items():
             unmet[app] -= len(gpus)
@@ -140,3 +146,30 @@ class ThemisPolicy(Policy):
             for app, gpus in part.items():
                 granted[app] = granted.get(app, frozenset()) | gpus
         return Decision(granted, outcome, extra, queue_granted=first)
+
+    def _harms(self, bids: Mapping[str, BidTable]) -> dict[str, list[float]]:
+        """D36: per bidder, per row, what the row would leave of the running jobs' speed."""
+        view = self.contention
+        assert view is not None
+        out: dict[str, list[float]] = {}
+        for app, bid in bids.items():
+            seen: dict[frozenset[str], float] = {}
+            row_harms = []
+            for gpus, _ in bid.rows:
+                key = frozenset(gpus)
+                if key not in seen:
+                    seen[key] = view.harm(app, key)
+                row_harms.append(seen[key])
+            out[app] = row_harms
+        return out
+
+
+class ContentionAwareThemisPolicy(ThemisPolicy):
+    """Themis with network contention priced (D36): where a contention model is on, offers list who
+    runs on the offered machines so that bids price the contention they would suffer, and the
+    auction and the reserve's turn count the slowdown a row does to the jobs already running (the
+    incumbents as passive participants of the Nash product). Without a contention view it is
+    ``themis``, outcome for outcome."""
+
+    name = "themis-aware"
+    contention_aware = True

@@ -30,6 +30,11 @@ function fmtRho(x) {
   if (x === "inf" || x === Infinity) return "\u221e";
   return x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2);
 }
+// c_i of a contender, or the bounds that decided its lottery without it (D39)
+function fmtC(c) {
+  if (c.c !== null && c.c !== undefined) return c.c.toFixed(3);
+  return c.c_bounds ? `${c.c_bounds[0].toFixed(3)}–${c.c_bounds[1].toFixed(3)}` : "-";
+}
 const recorded = () => S.about.mode === "recorded";
 function dur(s) {
   if (!isFinite(s)) return "-";
@@ -271,7 +276,7 @@ async function renderApp(name) {
   const rs = await get(`/apps/${encodeURIComponent(name)}/rounds?limit=200`);
   const rows = rs.rounds.map((r) => {
     const c = r.contender;
-    const auction = c ? (c.admitted ? `c_i ${c.c === null ? "-" : c.c.toFixed(3)}, draw ${c.draw === null ? "-" : c.draw.toFixed(3)} ` +
+    const auction = c ? (c.admitted ? `c_i ${fmtC(c)}, draw ${c.draw === null ? "-" : c.draw.toFixed(3)} ` +
       (c.won ? '<span class="won">won</span>' : c.pf_row.length ? '<span class="lost">lost</span>' : "no PF row") : c.shadow ? "shadow (D25)" : "not admitted (D25)") : "";
     const got = r.got.map((p) => `${p.gpus.length} by ${esc(p.tier)}`).join(", ");
     return `<tr><td>${roundLink(r.round_id)}</td><td>${when(r.now)}</td><td class="n">${r.rank ?? "-"} of ${r.ranked}</td>` +
@@ -330,7 +335,7 @@ async function renderRound(id) {
     $("round-contenders").innerHTML = "<thead><tr><th>App</th><th>In the PF</th><th class=n>PF row</th><th class=n>PF rho</th>" +
       "<th class=n>c_i</th><th class=n>Draw</th><th>Lottery</th><th>GPUs of the row</th></tr></thead><tbody>" +
       cs.map((c) => `<tr><td>${sw(c.app)}${appLink(c.app)}</td><td>${c.admitted ? "admitted" : c.shadow ? "shadow (D25)" : "not admitted"}</td>` +
-        `<td class="n">${c.pf_row.length}</td><td class="n">${fmtRho(c.pf_rho)}</td><td class="n">${c.c === null ? "-" : c.c.toFixed(3)}</td>` +
+        `<td class="n">${c.pf_row.length}</td><td class="n">${fmtRho(c.pf_rho)}</td><td class="n">${fmtC(c)}</td>` +
         `<td class="n">${c.draw === null ? "-" : c.draw.toFixed(3)}</td>` +
         `<td>${c.pf_row.length ? (c.won ? '<span class="won">won</span>' : '<span class="lost">lost</span>') : "no row"}</td>` +
         `<td>${gpuList(c.pf_row)}</td></tr>`).join("") + "</tbody>";
