@@ -293,3 +293,33 @@ def test_the_price_does_not_depend_on_the_order_the_gpus_come_in():
     prices = {pricing.factor(jobs, order, hood) for order in (positions, positions[::-1],
                                                               random.Random(1).sample(positions, len(positions)))}
     assert len(prices) == 1
+
+
+@pytest.mark.parametrize("iterations, restart_s, moves", [(10_000, 35.0, True), (160, 300.0, False)])
+def test_at_a_lease_expiry_a_job_moves_away_from_a_heavy_neighbour_only_when_the_gain_outweighs_the_restart(
+        iterations, restart_s, moves):
+    """D36 with D17 at a renewal: a 4-GPU Transformer-XL job ran on machines 0 and 1 next to a DLRM
+    job; its lease ran out (``previous``), and machines 2 and 3 are free too. Staying costs no
+    restart and runs at the table's ratio; moving runs alone after one restart. A long job moves
+    (the time it gains, left x (1/ratio - 1), is far above a 35 s restart); a short one with a 300 s
+    restart stays. The single-bidder auction grants the row the bid prefers. Unaware, it stays."""
+    stay = gpus_on(0, 2) + gpus_on(1, 2)
+    away = gpus_on(2, 2) + gpus_on(3, 2)
+    dlrm = Neighbour("DLRM", 4, 2)
+    offer = Offer(7, {g: CLUSTER.position(g) for g in stay + away}, 0.0, 2.0, CLUSTER.size,
+                  previous={g: CLUSTER.position(g) for g in stay},
+                  neighbourhood={"r0-m0": (dlrm,), "r0-m1": (dlrm,)})
+    app = SingleJobApp(JobInfo(iterations, 1.0, NO_SLOWDOWN, 4))
+    pricing = ContentionPricing(TABLE, "Transformer-XL")
+    bid = make_bid(app, offer, restart_s=restart_s, contention=pricing)
+    rows = {frozenset(g): rho for g, rho in bid.rows}
+    assert frozenset(stay) in rows and frozenset(away) in rows
+    ratio = max(FLOOR, cell("Transformer-XL,4,2", "DLRM,4,2"))
+    assert ratio < 1
+    assert (rows[frozenset(away)] < rows[frozenset(stay)]) is moves
+    outcome = run_auction(frozenset(offer.gpus), {"app": bid}, seed=0)
+    assert outcome.granted["app"] == frozenset(away if moves else stay)
+    plain = make_bid(app, offer, restart_s=restart_s)
+    fours = {frozenset(g): rho for g, rho in plain.rows if len(g) == 4}
+    assert min(fours, key=fours.get) == frozenset(stay)
+    assert all(fours[frozenset(stay)] < rho for g, rho in fours.items() if g != frozenset(stay))
