@@ -337,6 +337,14 @@ class AppRunner:
     def finished(self) -> bool:
         return self._done
 
+    def _where_it_stands(self) -> str:
+        """What a timed-out run was doing: GPUs held, each job's engine state and age, runs ended."""
+        now = self.launcher.clock()
+        jobs = ", ".join(f"{job} {run.state} {now - run.started_at:.0f} s on {','.join(run.gpus)}"
+                         for job, run in sorted(self.launcher.live().items())) or "none"
+        return (f"holds {len(self.client.held)} GPUs; jobs: {jobs}; {len(self.launcher.history)} runs ended, "
+                f"{len(self.reports)} reports")
+
     async def run(self, timeout: float | None = None) -> AppRunner:
         """Connect, run the search to its end (or ``timeout`` s: TimeoutError), stop every job."""
         if not getattr(self.adapter, "start_time", 0.0):
@@ -363,7 +371,7 @@ class AppRunner:
                     client_task.result()  # raises what ended it (e.g. a refused credential)
                     raise RuntimeError(f"the agent of {self.app} stopped before the app finished")
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.app} did not finish within {timeout} s")
+                    raise TimeoutError(f"{self.app} did not finish within {timeout} s ({self._where_it_stands()})")
                 try:
                     self.step()
                 except SearchFailed:

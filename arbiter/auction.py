@@ -868,9 +868,10 @@ class _ComponentSolver:
     highspy models are not thread-safe, so each worker thread keeps its own persistent model.
     """
 
-    def __init__(self, comp: _Component, backend: str):
+    def __init__(self, comp: _Component, backend: str, canonical: bool = True):
         self.comp = comp
         self.backend = backend
+        self.settle = canonical
         size = 1
         for rows in comp.rows:
             size *= len(rows) + 1
@@ -942,7 +943,7 @@ class _ComponentSolver:
             choice = self._milp(skip, None if start is None else _value(self.comp, start, skip), start)
         value = _value(self.comp, choice)
         if skip is None and start is None:
-            canonical = self._canonical(value, choice)
+            canonical = self._canonical(value, choice) if self.settle else None
             if canonical is not None:
                 return value, canonical
             self.canonical = False
@@ -1355,6 +1356,7 @@ def run_auction(
     max_contenders: int | None = None,
     harm: Mapping[str, Sequence[float]] | None = None,
     exact_payments: bool = True,
+    canonical: bool = True,
 ) -> AuctionOutcome:
     """Run one partial-allocation auction (Pseudocode 1, ``auction``) over ``offered``.
 
@@ -1371,10 +1373,15 @@ def run_auction(
     ``exact_payments`` False (D39) re-solves for c_i only where the draw falls between the bounds
     that cost no re-solve: the lottery's result is the same, and such winners' c_i are reported as
     bounds (``AuctionOutcome.payment_bounds``) instead of in ``hidden_payment``.
+    ``canonical`` False (D40) keeps the first optimal PF allocation a solve finds where D16 would
+    search further for the canonical one among the optima (``AuctionOutcome.canonical`` False then):
+    every bidder's expected value is the same at every optimum, and repeatability is a simulator's
+    need, not a service's.
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     offered = frozenset(offered)
+    settle = canonical
     for app, bid in bids.items():
         validate_bid(app, bid, offered, max_rows)
     order = list(priority) if priority is not None else default_priority(bids)
@@ -1400,7 +1407,7 @@ def run_auction(
     solvers: list[_ComponentSolver] = []
     pending: dict[str, _Bounded] = {}
     for comp in _components(weighted):
-        solver_ = _ComponentSolver(comp, solver)
+        solver_ = _ComponentSolver(comp, solver, settle)
         solvers.append(solver_)
         _, choice = solver_.solve()
         for app, rows, r in zip(comp.apps, comp.rows, choice):

@@ -70,9 +70,10 @@ class Settings:
 
     def policy_object(self):
         # D39: the service reports a winner's c_i as bounds where its lottery did not need the
-        # exact value (the grants are the same; the round's auction is about half the CPU)
+        # exact value (the grants are the same; the round's auction is about half the CPU); D40: it
+        # keeps the first optimal PF allocation found (no run of the service repeats anyway)
         options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None,
-                    "exact_payments": False}
+                    "exact_payments": False, "canonical": False}
                    if self.policy == "themis" else {})
         return make_policy(self.policy, **options)
 

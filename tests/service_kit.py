@@ -118,6 +118,11 @@ class RawStream:
     def of(self, kind: str) -> list:
         return [getattr(m, kind) for m in self.inbox if m.WhichOneof("kind") == kind]
 
+    async def read_out(self, timeout: float = 60.0) -> None:
+        """Wait until every message of an ended call is in ``inbox``: a call is done when its status
+        arrives, and messages before it may still wait in the reader."""
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+
     async def next(self, kind: str, after: int = 0, timeout: float = 10.0):
         await wait_for(lambda: len(self.of(kind)) > after, timeout)
         return self.of(kind)[after]

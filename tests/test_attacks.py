@@ -401,6 +401,7 @@ def test_every_stream_a_take_over_flood_replaces_is_told_why(tmp_path):
                     continue
                 code, details = await s.call.code(), await s.call.details()
                 assert code != grpc.StatusCode.OK
+                await s.read_out()
                 if s.of("welcome"):  # let in, then replaced
                     assert code == grpc.StatusCode.ABORTED and "replaced this one" in details, (code, details)
                     assert s.of("goodbye") and s.of("goodbye")[0].why == "replaced"

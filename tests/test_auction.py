@@ -389,6 +389,36 @@ def test_fixing_returns_the_canonical_allocation_from_any_optimal_incumbent(seed
             assert auction._canonical_by_fixing(comp, value, 10**6, incumbent, prices) == canonical
 
 
+def test_any_optimum_leaves_every_bidder_the_same_expected_value(monkeypatch):
+    """D40 (the service): without D16's canonical search the PF allocation is the first optimum the
+    MILP finds. It is worth as much in the Nash product, and a winner's value times its c_i is
+    NW(PF) / NW_-i, the same at every optimum: no bidder gains or loses by which optimum it was."""
+    import arbiter.auction as auction
+
+    monkeypatch.setattr(auction, "_ENUMERATION_LIMIT", 0)
+    monkeypatch.setattr(auction, "_SEARCH_NODES", 0)
+    differed = 0
+    for seed in range(8):
+        offered, bids = _tied_instance(apps=5 + seed % 3, machines=4 + seed % 2, seed=seed)
+        canonical = run_auction(offered, bids, seed=1)
+        anyone = run_auction(offered, bids, seed=1, canonical=False)
+        assert canonical.canonical
+        differed += canonical.pf != anyone.pf
+        worth = {}
+        for name, out in (("canonical", canonical), ("any", anyone)):
+            used = [g for gpus in out.pf.values() for g in gpus]
+            assert len(used) == len(set(used)) and set(used) <= offered
+            rows = {app: dict((gpus, rho) for gpus, rho in bids[app].rows)[gpus] for app, gpus in out.pf.items()}
+            logs = sum(round(auction.QUANTUM * math.log(row_value(rho, bids[app].rho_old))) for app, rho in rows.items())
+            worth[name] = (len(rows), logs, {app: row_value(rho, bids[app].rho_old) * out.hidden_payment[app]
+                                             for app, rho in rows.items()})
+        assert worth["canonical"][:2] == worth["any"][:2], seed
+        for app in bids:  # an app served at one optimum and not at another has c_i = 0 there (D8)
+            expected = [worth[name][2].get(app, 0.0) for name in ("canonical", "any")]
+            assert expected[1] == pytest.approx(expected[0], rel=0.01, abs=1e-9), (seed, app)
+    assert differed  # the instances have ties, and the MILP's optimum is not always the canonical one
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_lp_relaxations_settle_solves_and_fixing_steps_without_changing_the_outcome(seed, monkeypatch):
     """An integral LP relaxation that reaches the LP bound is a MILP optimum, and one below the

@@ -80,9 +80,12 @@ class ThemisPolicy(Policy):
     name = "themis"
 
     def __init__(self, fairness_knob: float = DEFAULT_FAIRNESS_KNOB, solver: str = DEFAULT_SOLVER,
-                 fill: bool = True, max_contenders: int | None = None, exact_payments: bool = True):
+                 fill: bool = True, max_contenders: int | None = None, exact_payments: bool = True,
+                 canonical: bool = True):
         """``exact_payments`` False (D39, the service's setting): the auction re-solves for c_i only
-        where the lottery needs it and reports the other winners' c_i as bounds; grants are the same."""
+        where the lottery needs it and reports the other winners' c_i as bounds; grants are the same.
+        ``canonical`` False (D40, the service's setting): the PF allocation is the first optimum found,
+        not D16's canonical one among the optima."""
         check_knob(fairness_knob)
         if max_contenders is not None and max_contenders < 1:
             raise ValueError(f"max_contenders must be at least 1 (or None for no cap), got {max_contenders}")
@@ -93,6 +96,7 @@ class ThemisPolicy(Policy):
         self.fill = fill
         self.max_contenders = max_contenders
         self.exact_payments = exact_payments
+        self.canonical = canonical
 
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
         waiting = {a: ctx.reports[a].rho_wait for a in rho if a in ctx.reports}
@@ -124,7 +128,7 @@ class ThemisPolicy(Policy):
         outcome = run_auction(ctx.free, {a: bids[a] for a in priority}, seed=ctx.seed, solver=self.solver,
                               position=ctx.position, priority=priority, max_contenders=self.max_contenders,
                               harm={a: harm[a] for a in priority} if harm else None,
-                              exact_payments=self.exact_payments)
+                              exact_payments=self.exact_payments, canonical=self.canonical)
         unmet = {app: n - len(outcome.granted.get(app, ())) for app, n in ctx.unmet.items()}
         # In rank order, every offered app that did not contend: bidders past the first |offered|
         # with useful rows, then the reserve (D14). A contender has had its auction (D8); letting it

@@ -351,7 +351,7 @@ async function renderRound(id) {
     [...byApp].map(([k, gs]) => { const [a, why] = k.split("\u0000"); return `<tr><td>${sw(a)}${appLink(a)}</td><td>${why}</td><td class="n">${gs.length}</td><td>${gpuList(gs)}</td></tr>`; }).join("") + "</tbody>"
     : "<tbody><tr><td>None.</td></tr></tbody>";
   $("round-seed").innerHTML = r.seed ? `Seed <code>${esc(r.seed)}</code>, committed as <code>${esc(r.commitment)}</code> before the bids (D24).` +
-    (r.canonical ? "" : " The allocation is the MILP's own, not the canonical one (D16).") : "";
+    (r.canonical ? "" : " The allocation is an optimum the solver found, not the canonical one (D16; the service keeps the first it finds, D40).") : "";
   document.documentElement.dataset.round = String(r.round_id);
 }
 
