@@ -215,23 +215,40 @@ def split_allocation(
     return out
 
 
+_ONE_SLOT = (0,)
+
+
 @lru_cache(maxsize=16384)
 def shape_order(shape: Shape) -> tuple[Position, ...]:
     """A GPU set of ``shape`` (``agent.placement.canonical_shape``) in densest-first order.
 
     rho depends on an allocation only through its shape (D1), so every allocation of one shape
-    is computed on this one representative, and its order is sorted once."""
-    return tuple(
-        densest_first(
-            [
-                _stand_in(i, j, k)
-                for i, rack in enumerate(shape)
-                for j, machine in enumerate(rack)
-                for k, n in enumerate(machine)
-                for _ in range(n)
-            ]
-        )
-    )
+    is computed on this one representative, and its order is sorted once. It is
+    :func:`densest_first` of the shape's stand-in positions (one per GPU, listed rack by rack,
+    machine by machine, slot by slot), with the same keys and the same stable sorts, computed on
+    the slot sizes instead of on one position at a time: on Workload 2 a run asks for 500,000 orders
+    of 260,000 different shapes (no cache keeps them), and grouping their positions one by one was
+    36 s of a 297 s run."""
+    racks = []
+    for i, rack in enumerate(shape):
+        machines = []
+        for j, sizes in enumerate(rack):
+            if len(sizes) == 1:
+                machines.append(((sizes[0], sizes), j, _ONE_SLOT))
+                continue
+            slots = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
+            machines.append(((sum(sizes), tuple(sizes[k] for k in slots)), j, slots))
+        machines.sort(key=lambda m: m[0], reverse=True)
+        racks.append(((sum(m[0][0] for m in machines), tuple(m[0] for m in machines)), i, machines))
+    racks.sort(key=lambda r: r[0], reverse=True)
+    out: list[Position] = []
+    for _, i, machines in racks:
+        rack = shape[i]
+        for _, j, slots in machines:
+            sizes = rack[j]
+            for k in slots:
+                out += [_stand_in(i, j, k)] * sizes[k]
+    return tuple(out)
 
 
 @lru_cache(maxsize=None)

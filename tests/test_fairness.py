@@ -280,3 +280,17 @@ def test_time_left_counts_a_start_up_for_every_phase_still_to_start():
     after = finish_time_fairness(app, gpus, now=0.0, n_avg=1.0, cluster_size=8)
     left_before = before * (app.budget() / 4)
     assert after * t_id == pytest.approx(left_before + 2 * 3.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10), st.integers(0, 15), st.integers(0, 2)), min_size=1, max_size=300))
+def test_a_shapes_order_is_the_densest_first_order_of_its_stand_ins(cells):
+    """``shape_order`` builds the densest-first order from slot sizes; it must be exactly
+    ``densest_first`` of the shape's stand-in positions, listed rack by rack, machine by machine."""
+    from agent.fairness import _stand_in, densest_first, shape_order
+    from agent.placement import canonical_shape
+
+    shape = canonical_shape([(f"r{r}", f"m{m}", f"s{k}") for r, m, k in cells])
+    stand_ins = [_stand_in(i, j, k) for i, rack in enumerate(shape) for j, machine in enumerate(rack)
+                 for k, n in enumerate(machine) for _ in range(n)]
+    assert shape_order.__wrapped__(shape) == tuple(densest_first(stand_ins))
