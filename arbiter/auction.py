@@ -51,6 +51,7 @@ exact on the integer weights; docs/auction.md has the measurements behind the de
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -769,9 +770,7 @@ class _HighsModel:
         returned it as optimal on a Workload 2 round where a better one exists (found without the
         hint, and by 1.15.1 either way)."""
         np = self.np
-        skipped = np.array(self.lp.by_app.get(skip, []), dtype=np.int32)
-        self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.zeros(len(skipped)))
-        try:
+        with self._without(skip) as skipped:
             bound, choice = self.lp.solve()
             if choice is not None:
                 return choice
@@ -793,6 +792,16 @@ class _HighsModel:
                 return self.lp.choice(h.getSolution().col_value)
             finally:
                 h.changeColsBounds(len(out), out, np.zeros(len(out)), np.ones(len(out)))
+
+    @contextlib.contextmanager
+    def _without(self, skip: int | None):
+        """App ``skip``'s columns fixed to 0 in the LP for the ``with`` block (their indices), then
+        freed again."""
+        np = self.np
+        skipped = np.array(self.lp.by_app.get(skip, []), dtype=np.int32)
+        self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.zeros(len(skipped)))
+        try:
+            yield skipped
         finally:
             self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.ones(len(skipped)))
 
@@ -800,18 +809,13 @@ class _HighsModel:
         """The LP relaxation with app ``skip``'s rows fixed to 0 (D39): (an upper bound on every
         allocation without it, its solution when integral and provably optimal, else its rounded
         solution). The bound is the exact Lagrangian one; infinite when the LP did not solve."""
-        np = self.np
-        skipped = np.array(self.lp.by_app.get(skip, []), dtype=np.int32)
-        self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.zeros(len(skipped)))
-        try:
+        with self._without(skip):
             bound, choice = self.lp.solve()
             if choice is not None:
                 return _value(self.lp.comp, choice), choice, None
             if bound == math.inf:
                 return math.inf, None, None
             return self.lp.lagrangian(skip), None, self.lp.rounded()
-        finally:
-            self.lp.set_bounds(len(skipped), skipped, np.zeros(len(skipped)), np.ones(len(skipped)))
 
 
 def _pulp_solve(comp: _Component, skip: int | None, backend: str) -> list[int]:
@@ -1381,7 +1385,6 @@ def run_auction(
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     offered = frozenset(offered)
-    settle = canonical
     for app, bid in bids.items():
         validate_bid(app, bid, offered, max_rows)
     order = list(priority) if priority is not None else default_priority(bids)
@@ -1402,12 +1405,12 @@ def run_auction(
     pf_row: dict[str, int] = {}
     c: dict[str, float] = {app: 1.0 for app in bids}
     solves = 0
-    canonical = True
+    all_canonical = True
     n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
     solvers: list[_ComponentSolver] = []
     pending: dict[str, _Bounded] = {}
     for comp in _components(weighted):
-        solver_ = _ComponentSolver(comp, solver, settle)
+        solver_ = _ComponentSolver(comp, solver, canonical)
         solvers.append(solver_)
         _, choice = solver_.solve()
         for app, rows, r in zip(comp.apps, comp.rows, choice):
@@ -1432,7 +1435,7 @@ def run_auction(
     bounds = _settle(pending, c, {app: draws[app] / factor.get(app, 1.0) for app in pending}, n_workers)
     for solver_ in solvers:
         solves += solver_.solves
-        canonical &= solver_.canonical
+        all_canonical &= solver_.canonical
     if harm:
         # D36: c_i is the others' Nash product with i over without i; the incumbents i's row slows
         # are among the others, so the true c_i is the auction's times the harm of i's own PF row
@@ -1449,7 +1452,7 @@ def run_auction(
         pf_rho=pf_rho,
         solves=solves,
         contenders=admission.contenders,
-        canonical=canonical,
+        canonical=all_canonical,
         shadows=admission.shadows,
         admitted=admission.admitted,
         draws=draws,
