@@ -17,7 +17,7 @@ from agent.appsched import (
     JobInfo,
     SuccessiveHalvingScheduler,
 )
-from agent.placement import Position, Shape, canonical_shape, slowdown_of
+from agent.placement import Position, Shape, Slowdown, canonical_shape, slowdown_of
 from protos.messages import WORK_COLUMNS, PhaseWork
 
 INFINITY = math.inf
@@ -122,24 +122,47 @@ def phase_time(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bo
     one GPU each, packed for the smallest makespan. With ``least``, each job runs at the least
     slowdown it has whatever its run's level: a lower bound over every placement of len(gpus).
     """
+    order = gpus if ordered or len(gpus) <= 1 else densest_first(gpus)
+    return time_of_split(phase_split(jobs, order), order, least=least)
+
+
+Runs = tuple[tuple[int, float, int, Slowdown], ...]
+
+
+def phase_split(jobs: Sequence[JobInfo], gpus: Sequence[Position]) -> float | Runs:
+    """What :func:`phase_time` knows of ``jobs`` on ``len(gpus)`` GPUs before it looks at where
+    they are: the time itself when no job runs, none can, or jobs queue one per GPU (a job on one
+    GPU runs at slowdown 1, D1); otherwise D3's split as runs in the order they take the GPUs, each
+    (GPUs, work at slowdown 1, GPUs it can use, slowdown). The split depends only on the GPU count,
+    so a round that prices many shapes of one count splits once (``TimeLeftCache``)."""
     live = [j for j in jobs if j.iters_remaining > 0]
     if not live:
         return 0.0
     if not gpus:
         return INFINITY
-    if len(gpus) >= len(live):
-        order = list(gpus) if ordered else densest_first(gpus)
-        counts = split_counts(live, len(order))
-        worst, start = 0.0, 0
-        for k in sorted(range(len(live)), key=lambda k: -counts[k]):
-            job, n = live[k], counts[k]
-            level = _run_level(order[start], order[start + n - 1]) if n > 1 else 0
-            start += n
-            factor = (min(job.slowdown) if least else job.slowdown[level]) if n > 1 else 1.0
-            t = job.iters_remaining * job.iter_time_serial * factor / min(n, job.demand_max)
-            worst = max(worst, t)
-        return worst
-    return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
+    if len(gpus) < len(live):
+        return _pack_makespan([job_time(j, gpus[:1]) for j in live], len(gpus))
+    counts = split_counts(live, len(gpus))
+    return tuple((counts[k], live[k].iters_remaining * live[k].iter_time_serial,
+                  min(counts[k], live[k].demand_max), live[k].slowdown)
+                 for k in sorted(range(len(live)), key=lambda k: -counts[k]))
+
+
+def time_of_split(split: float | Runs, order: Sequence[Position], *, least: bool = False) -> float:
+    """:func:`phase_time` of a :func:`phase_split` on GPUs in densest-first ``order``: each run is
+    slowed by the D1 level of its stretch of the order (its least slowdown with ``least``)."""
+    if isinstance(split, float):
+        return split
+    worst, start = 0.0, 0
+    for n, work, usable, slowdown in split:
+        if n > 1:
+            level = _run_level(order[start], order[start + n - 1])
+            factor = min(slowdown) if least else slowdown[level]
+        else:
+            factor = 1.0
+        start += n
+        worst = max(worst, work * factor / usable)
+    return worst
 
 
 def phase_work(jobs: Sequence[JobInfo], gpus: Sequence[Position], *, ordered: bool = False) -> PhaseWork:
@@ -265,18 +288,22 @@ def shared_time_left(app: AppScheduler, gpus: Sequence[Position], *, later: dict
     return time_left_of_shape(app, canonical_shape(gpus), later=later)
 
 
-def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = None) -> float:
+def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = None,
+                       splits: dict | None = None, later_splits: dict | None = None) -> float:
+    """:func:`shared_time_left` of a shape. ``splits`` and ``later_splits`` cache the current
+    phase's and the later phases' splits by GPU count (:func:`phase_split`); their owner must empty
+    them when ``app.version`` and ``app.plan_version`` change (``TimeLeftCache`` does)."""
     order = shape_order(shape)
     if isinstance(app, SuccessiveHalvingScheduler):
         current = app.current_phase()
         total = 0.0
         for phase in range(current, app.num_phases() + 1):
             if phase == current or later is None:
-                t = phase_time(app.jobs_in_phase(phase, order), order, ordered=True)
+                t = _split_time(app, phase, order, splits if phase == current else later_splits)
             else:
                 t = later.get((phase, shape))
                 if t is None:
-                    t = later[(phase, shape)] = phase_time(app.jobs_in_phase(phase, order), order, ordered=True)
+                    t = later[(phase, shape)] = _split_time(app, phase, order, later_splits)
             if t and phase > current and app.start_up_s:  # D30: the phase's jobs start again
                 t += app.start_up_s
             total += t
@@ -284,21 +311,38 @@ def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = 
                 break
         return total
     if isinstance(app, CurveStoppingScheduler):
-        return phase_time(app.jobs_remaining(order), order, ordered=True)
+        return _split_time(app, 0, order, splits)
     raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
 
 
-def least_time_left(app: AppScheduler, n: int) -> float:
+def _split_time(app: AppScheduler, phase: int, order: tuple[Position, ...], splits: dict | None, *,
+                least: bool = False) -> float:
+    """Phase ``phase`` (0: a curve-stopping app's running jobs) on ``order``, its split taken from
+    ``splits`` when the app's jobs do not depend on the allocation."""
+    if splits is None or app.work_depends_on_allocation:
+        jobs = app.jobs_remaining(order) if phase == 0 else app.jobs_in_phase(phase, order)
+        return phase_time(jobs, order, ordered=True, least=least)
+    key = (phase, len(order))
+    split = splits.get(key)
+    if split is None:
+        jobs = app.jobs_remaining(order) if phase == 0 else app.jobs_in_phase(phase, order)
+        split = splits[key] = phase_split(jobs, order)
+    return time_of_split(split, order, least=least)
+
+
+def least_time_left(app: AppScheduler, n: int, *, splits: dict | None = None,
+                    later_splits: dict | None = None) -> float:
     """A lower bound on the time left under every allocation of ``n`` GPUs: D3's split depends only
     on n, and a job's time on its run's level only through its slowdown, so every job at its least
     slowdown bounds all placements (given ``app.work_depends_on_allocation`` is False). A bid uses
-    it to skip GPU counts no placement of which beats rho_old (``agent.bidding.make_bid``)."""
+    it to skip GPU counts no placement of which beats rho_old (``agent.bidding.make_bid``).
+    ``splits`` and ``later_splits`` as in :func:`time_left_of_shape`."""
     order = shape_order((((n,),),)) if n else ()
     if isinstance(app, SuccessiveHalvingScheduler):
         total = 0.0
         current = app.current_phase()
         for phase in range(current, app.num_phases() + 1):
-            t = phase_time(app.jobs_in_phase(phase, order), order, ordered=True, least=True)
+            t = _split_time(app, phase, order, splits if phase == current else later_splits, least=True)
             if t and phase > current and app.start_up_s:  # D30, as in time_left_of_shape
                 t += app.start_up_s
             total += t
@@ -306,7 +350,7 @@ def least_time_left(app: AppScheduler, n: int) -> float:
                 break
         return total
     if isinstance(app, CurveStoppingScheduler):
-        return phase_time(app.jobs_remaining(order), order, ordered=True, least=True)
+        return _split_time(app, 0, order, splits, least=True)
     raise TypeError(f"{type(app).__name__} is neither a successive-halving nor a curve-stopping scheduler")
 
 
@@ -322,6 +366,8 @@ class TimeLeftCache:
         self._now: dict[Shape, float] = {}
         self._least: dict[int, float] = {}
         self._later: dict = {}
+        self._splits: dict = {}
+        self._later_splits: dict = {}
         self._version = self._plan_version = -1
 
     def _sync(self) -> None:
@@ -329,9 +375,11 @@ class TimeLeftCache:
         if self._version != app.version:
             self._now.clear()
             self._least.clear()
+            self._splits.clear()
             self._version = app.version
             if self._plan_version != app.plan_version:
                 self._later.clear()
+                self._later_splits.clear()
                 self._plan_version = app.plan_version
 
     def __call__(self, gpus: Sequence[Position]) -> float:
@@ -339,7 +387,8 @@ class TimeLeftCache:
         shape = _shape_of(gpus)
         left = self._now.get(shape)
         if left is None:
-            left = self._now[shape] = time_left_of_shape(self.app, shape, later=self._later)
+            left = self._now[shape] = time_left_of_shape(self.app, shape, later=self._later, splits=self._splits,
+                                                         later_splits=self._later_splits)
         return left
 
     def least(self, n: int) -> float:
@@ -347,7 +396,8 @@ class TimeLeftCache:
         self._sync()
         left = self._least.get(n)
         if left is None:
-            left = self._least[n] = least_time_left(self.app, n)
+            left = self._least[n] = least_time_left(self.app, n, splits=self._splits,
+                                                     later_splits=self._later_splits)
         return left
 
 

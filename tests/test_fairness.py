@@ -205,9 +205,10 @@ def test_rho_depends_only_on_the_shape_of_the_allocation():
     steps=st.lists(st.tuples(st.integers(0, 15), st.floats(0.0, 400.0), st.integers(1, 40)), min_size=1, max_size=25),
 )
 def test_reused_times_equal_fresh_ones_as_a_halving_app_progresses(jobs, phases, grow, steps):
-    """Later phases are cached across progress (plan_version); every answer must still equal a
-    computation from scratch, through advances and phase ends alike."""
-    from agent.fairness import TimeLeftCache, shared_time_left
+    """Later phases are cached across progress (plan_version), and each phase's split by GPU count
+    (one split serves every shape of that count); every answer must still equal a computation from
+    scratch to the last bit, through advances and phase ends alike."""
+    from agent.fairness import TimeLeftCache, least_time_left, shared_time_left
 
     jobs = max(jobs, 2 ** (phases - 1))
     app = SuccessiveHalvingApp([1.0 + k / 7 for k in range(jobs)], [300.0] * phases, job_demand_max=2,
@@ -216,8 +217,11 @@ def test_reused_times_equal_fresh_ones_as_a_halving_app_progresses(jobs, phases,
     for pick, iters, n in steps:
         if app.finished():
             break
-        gpus = [(f"r{g // 32}", f"r{g // 32}-m{g // 8}", f"s{g // 4}") for g in range(0, 3 * n, 3)]
-        assert cache(gpus) == pytest.approx(shared_time_left(app, gpus), rel=1e-12)
+        spread = [(f"r{g // 32}", f"r{g // 32}-m{g // 8}", f"s{g // 4}") for g in range(0, 3 * n, 3)]
+        packed = [(f"r{g // 32}", f"r{g // 32}-m{g // 8}", f"s{g // 4}") for g in range(n)]
+        for gpus in (spread, packed):
+            assert cache(gpus) == shared_time_left(app, gpus)
+        assert cache.least(n) == least_time_left(app, n)
         for k, job in enumerate(app.phase_jobs()):
             app.advance(job, iters * (1 + (k + pick) % 3) / 2)
         if app.phase_done():
