@@ -47,7 +47,7 @@ from types import MappingProxyType
 
 from agent.appsched import AppScheduler
 from agent.contention_pricing import ContentionPricing, current_jobs, quiet_sets
-from agent.fairness import TimeLeftCache, finish_time_fairness, least_time_left
+from agent.fairness import TimeLeftCache, finish_time_fairness, ideal_times, least_time_left
 from agent.placement import Position
 from protos.messages import BidTable, Offer
 
@@ -318,6 +318,7 @@ def make_bid(
     running = frozenset(held) | frozenset(offer.previous)
 
     pricing = contention
+    t_id = ideal_times(app, n_avg=offer.n_avg, cluster_size=offer.cluster_size)
     jobs = current_jobs(app, held_positions) if pricing is not None else []
 
     def rho(positions: list[Position], gpus: frozenset[str]) -> float:
@@ -327,7 +328,7 @@ def make_bid(
         if restart_s and running and gpus != running:
             left += restart_s
         return finish_time_fairness(
-            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left
+            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left, t_id=t_id
         )
 
     rho_old = rho(held_positions, frozenset(held))
@@ -341,7 +342,7 @@ def make_bid(
 
         def may_beat_rho_old(k: int) -> bool:
             best = finish_time_fairness(app, (), now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size,
-                                        left=least_of(len(held) + k))
+                                        left=least_of(len(held) + k), t_id=t_id)
             return best < rho_old
 
         counts = [k for k in counts if may_beat_rho_old(k)]

@@ -429,6 +429,19 @@ def ideal_time(app: AppScheduler, *, n_avg: float, cluster_size: int) -> float:
     return app.total_work() / min(cluster_size, max(1, app.demand_max())) * n_avg
 
 
+def ideal_times(app: AppScheduler, *, n_avg: float, cluster_size: int) -> Callable[[], float]:
+    """:func:`ideal_time` computed on first use and kept: for callers that price many allocations
+    of one app at one N_avg while its work does not change (``agent.bidding.make_bid``)."""
+    kept: list[float] = []
+
+    def t_id() -> float:
+        if not kept:
+            kept.append(ideal_time(app, n_avg=n_avg, cluster_size=cluster_size))
+        return kept[0]
+
+    return t_id
+
+
 def finish_time_fairness(
     app: AppScheduler,
     gpus: Sequence[Position],
@@ -437,16 +450,19 @@ def finish_time_fairness(
     n_avg: float,
     cluster_size: int,
     left: float | None = None,
+    t_id: Callable[[], float] | None = None,
 ) -> float:
     """rho(G) = T_sh(G) / T_id (paper 3.2). Infinite when the app would hold no GPU and has work.
 
     ``left`` is ``shared_time_left(app, gpus)`` when the caller already knows it (agents reuse it
-    while the app's work is unchanged: it does not depend on the clock)."""
+    while the app's work is unchanged: it does not depend on the clock); ``t_id`` gives
+    ``ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)`` when the caller keeps it (a bid
+    prices every row at one N_avg: ``ideal_times``)."""
     if left is None:
         left = shared_time_left(app, gpus)
     if left == INFINITY:
         return INFINITY
-    t_id = ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)
+    t_id = t_id() if t_id is not None else ideal_time(app, n_avg=n_avg, cluster_size=cluster_size)
     return (max(0.0, now - app.start_time) + left) / t_id
 
 
