@@ -3,8 +3,8 @@
 Each setup is a few searches (``synthetic``: 2-4 fixed or successive-halving apps of 2-4 jobs at 1-2
 GPUs each, arriving close together) on a 4- or 8-GPU cluster (machines of ``testbed-64``), run
 through the real simulator (``simulator.engine.Simulation``: agents, round engine, Themis policy)
-at D6's default f = 0.8 and at f = 0 (every app bids), over ``--seeds`` seeds, once with each
-lottery:
+at D6's default f = 0.8, at f = 0.8 with D41's option of at least two bidders (D38's lottery only),
+and at f = 0 (every app bids), over ``--seeds`` seeds, once with each lottery:
 
 * ``independent``: each PF winner its own draw (before D38, ``arbiter.lottery.independent_draws``);
 * ``rotated``: one shared draw u, winner k of n drawing (u + k/n) mod 1 (D38, the default).
@@ -63,11 +63,11 @@ def lottery_of(name: str) -> Iterator[None]:
         auction.auction_draws = original
 
 
-def run(gpus: int, apps: int, knob: float, seed: int, name: str) -> dict[str, Any]:
+def run(gpus: int, apps: int, knob: float, seed: int, name: str, min_bidders: int = 1) -> dict[str, Any]:
     cluster = load_cluster("testbed-64").subcluster(MACHINES[gpus])
     workload = synthetic(seed=seed, apps=apps, app_size=(2, 4), kind=("fixed", "successive_halving"), load=3.0,
                          cluster_gpus=gpus, gpus=(1, 2), job_duration_s=(600.0, 3600.0))
-    sim = Simulation(cluster, workload, make_policy("themis", fairness_knob=knob), seed=seed)
+    sim = Simulation(cluster, workload, make_policy("themis", fairness_knob=knob, min_bidders=min_bidders), seed=seed)
     held: dict[str, list[int]] = {}
     lotteries = kept_none = 0
     shares: list[float] = []
@@ -147,20 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     rows = []
-    for knob in (0.8, 0.0):
+    for knob, least, lotteries in ((0.8, 1, LOTTERIES), (0.8, 2, ["rotated"]), (0.0, 1, LOTTERIES)):
         for gpus in (4, 8):
             for apps in (2, 3, 4):
-                for name in LOTTERIES:
-                    runs = [run(gpus, apps, knob, seed, name) for seed in range(args.seeds)]
-                    rows.append({"f": knob, "gpus": gpus, "apps": apps, "lottery": name, "runs": runs})
+                for name in lotteries:
+                    runs = [run(gpus, apps, knob, seed, name, least) for seed in range(args.seeds)]
+                    rows.append({"f": knob, "min_bidders": least, "gpus": gpus, "apps": apps, "lottery": name,
+                                 "runs": runs})
     table = Table(title=f"The lottery on small clusters, {args.seeds} seeds each (sums over seeds; rho and "
                         "makespan: means)")
-    for col in ("f", "GPUs", "apps", "lottery", "held variance", "starved", "lotteries", "kept none",
+    for col in ("f", "min bidders", "GPUs", "apps", "lottery", "held variance", "starved", "lotteries", "kept none",
                 "kept share (sd)", "mean rho", "max rho", "makespan h"):
         table.add_column(col, justify="right")
     for row in rows:
         runs = row["runs"]
-        table.add_row(f"{row['f']:g}", str(row["gpus"]), str(row["apps"]), row["lottery"],
+        table.add_row(f"{row['f']:g}", str(row["min_bidders"]), str(row["gpus"]), str(row["apps"]), row["lottery"],
                       f"{statistics.fmean(r['variance'] for r in runs):.3f}",
                       f"{sum(r['starved'] for r in runs)}/{sum(r['wanting'] for r in runs)}",
                       str(sum(r["lotteries"] for r in runs)), str(sum(r["kept_none"] for r in runs)),

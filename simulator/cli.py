@@ -361,6 +361,9 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     p.add_argument("--fairness-knob", type=float, default=0.8, help="f of D6 (themis only)")
     p.add_argument("--max-contenders", type=int, default=None,
                    help="cap Themis's auction at the worst N bidders, as the service does (D20; default: no cap)")
+    p.add_argument("--min-bidders", type=int, default=1,
+                   help="the least number of apps a Themis auction takes (D41: 2 leaves no auction with a "
+                        "single bidder; default %(default)s, D6)")
     p.add_argument("--lease", type=float, default=600.0, help="lease length in seconds (D10)")
     p.add_argument("--restart", type=float, default=DEFAULT_RESTART_S, help="restart delay in seconds (D11)")
     p.add_argument("--resplit", choices=RESPLITS, default="now", metavar="WHEN",
@@ -480,8 +483,10 @@ def _split_workload(args: argparse.Namespace) -> None:
 
 
 def _resplit(args: argparse.Namespace) -> dict[str, Any]:
-    """The resplit setting, named only when it is not the default (kept runs stay keyed as before)."""
-    return ({"resplit": args.resplit} if args.resplit != "now" else {}) | ({} if args.reclaim else {"reclaim": False})
+    """The resplit, reclaim and min-bidders settings, each named only when it is not the default (kept
+    runs stay keyed as before)."""
+    return (({"resplit": args.resplit} if args.resplit != "now" else {}) | ({} if args.reclaim else {"reclaim": False})
+            | ({"min_bidders": args.min_bidders} if getattr(args, "min_bidders", 1) != 1 else {}))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

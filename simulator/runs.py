@@ -51,6 +51,7 @@ def simulate(
     strategy: tuple[str, float, Sequence[str]] | None = None,
     rank: str = "reported",
     max_contenders: int | None = None,
+    min_bidders: int = 1,
     resplit: str = "now",
     reclaim: bool = True,
     admission: str | None = None,
@@ -67,6 +68,7 @@ def simulate(
     with measured slowdowns); unlike ``agent_factory`` it can be sent to another process. Plugins the parent
     loaded (``simulator.plugins``) are loaded here too, so a worker process knows their names.
     ``max_contenders`` caps Themis's auction as the service does (D20; None, the default: no cap).
+    ``min_bidders`` 2 lets no Themis auction have a single bidder (D41; 1, the default: D6).
     ``resplit="rent-or-buy"`` defers growth re-splits by the ski-rental rule (D23; default "now", D11).
     ``reclaim=False`` lets leases beyond a fair share run out while apps that hold nothing wait (D27).
     ``admission`` (``NAME[:ARG]``, e.g. ``fifo:1.2``) puts an admission policy in front of the policy
@@ -91,6 +93,8 @@ def simulate(
         chosen = {a.app_id for a in the_workload.apps} if "*" in liars else set(liars)
         agent_factory = liar_factory(chosen, name, level, seed)
     options: dict[str, Any] = {"fairness_knob": fairness_knob, "max_contenders": max_contenders} if policy in THEMIS_NAMES else {}
+    if policy in THEMIS_NAMES and min_bidders != 1:
+        options["min_bidders"] = min_bidders
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
@@ -133,6 +137,7 @@ def simulate(
                      restart_s=restart, coalesce_s=coalesce, expiry_window_s=sim.engine.expiry_window_s, seed=seed,
                      workload_source=the_workload.source,
                      **({"max_contenders": max_contenders} if policy in THEMIS_NAMES and max_contenders else {}),
+                     **({"min_bidders": min_bidders} if policy in THEMIS_NAMES and min_bidders != 1 else {}),
                      **({"resplit": resplit} if resplit != "now" else {}),
                      **({} if reclaim else {"reclaim": False}),
                      **({"contention": contention} if contention is not None else {}),

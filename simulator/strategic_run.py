@@ -22,7 +22,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
                   workload_knobs: dict[str, Any] | None = None, rank: str = "reported",
                   max_contenders: int | None = None, store: Any = None, restart: float = DEFAULT_RESTART_S,
                   coalesce: float = DEFAULT_COALESCE_S, expiry_window: float | None = None,
-                  resplit: str = "now", reclaim: bool = True) -> dict[str, Any]:
+                  resplit: str = "now", reclaim: bool = True, min_bidders: int = 1) -> dict[str, Any]:
     """Paper Fig. 15: per lie level, the liars' completion time and rho against the same apps
     truthful (level 0 with the same seed), and the truthful apps' average; over ``seeds`` seeds
     (seed, seed + 1, ...) run in parallel processes, each reported as a mean with a 95% interval,
@@ -55,6 +55,7 @@ def run_strategic(*, strategy: str, levels: Sequence[float], liars: int | Sequen
              "workload_knobs": workload_knobs, "rank": rank, "max_contenders": max_contenders,
              "restart": restart, "coalesce": coalesce, "expiry_window": expiry_window}
             | ({"resplit": resplit} if resplit != "now" else {}) | ({} if reclaim else {"reclaim": False})
+            | ({"min_bidders": min_bidders} if min_bidders != 1 else {})
             for level in all_levels]
     seed_list = list(range(seed, seed + seeds))
     per_level_runs = run_seeds(runs, seed_list, workers, f"{strategy}: {len(all_levels)} levels x {seeds} seeds",

@@ -14,6 +14,8 @@ import hashlib
 import math
 import random
 
+import pytest
+
 from agent.agent import Agent
 from agent.appsched import SuccessiveHalvingApp
 from agent.client import AgentClient
@@ -154,11 +156,12 @@ def test_a_service_commits_to_each_rounds_seed_before_the_bids_reveals_it_after_
 
 # D38: one shared draw per auction, spread evenly over the PF winners.
 
-def _searches_on_four_gpus(seed: int, fairness_knob: float = 0.0):
+def _searches_on_four_gpus(seed: int, fairness_knob: float = 0.0, min_bidders: int = 1):
     """Two equal searches of four 1-GPU jobs, both starving, on one 4-GPU machine; by default f = 0
     so that both contend (with D6's default f = 0.8 only the worst-ranked of two bids)."""
     cluster = load_cluster("testbed-64").subcluster(["r0-m4"])
-    engine = RoundEngine(cluster, make_policy("themis", fairness_knob=fairness_knob), seed=seed, reclaim=False)
+    policy = make_policy("themis", fairness_knob=fairness_knob, min_bidders=min_bidders)
+    engine = RoundEngine(cluster, policy, seed=seed, reclaim=False)
     agents = {}
     for name in ("a", "b"):
         engine.add_app(name, 0)
@@ -251,3 +254,27 @@ def test_at_the_default_knob_two_searches_swing_without_any_lottery():
     assert len(outcome.contenders) == 1 and outcome.hidden_payment[outcome.contenders[0]] == 1.0
     held = sorted(sum(len(g.gpus) for g in result.grants if g.app == a) for a in ("a", "b"))
     assert held == [0, 4]
+
+
+def test_with_two_bidders_at_least_the_two_searches_share_at_the_default_knob():
+    """D41's option: at f = 0.8 the auction still takes two of the two apps, so the 4/0 of D6's
+    single bidder becomes the PF's 2/2 (c ~ 0.54 each, and under D38 one row is always kept while
+    the other goes back to the app that lost it), in every seed."""
+    for seed in range(10):
+        result = _searches_on_four_gpus(seed, fairness_knob=0.8, min_bidders=2)
+        outcome = result.decision.auction
+        assert set(outcome.contenders) == {"a", "b"}
+        assert all(0.5 <= outcome.hidden_payment[a] < 1 for a in outcome.pf)
+        held = {a: sum(len(g.gpus) for g in result.grants if g.app == a) for a in ("a", "b")}
+        assert held == {"a": 2, "b": 2}, f"seed {seed}: {held}"
+
+
+def test_min_bidders_never_takes_more_apps_than_are_ranked_and_refuses_nonsense():
+    from arbiter.policies.themis import filtered
+
+    assert [filtered(n, 0.8, 2) for n in range(7)] == [0, 1, 2, 2, 2, 2, 2]
+    assert [filtered(n, 0.8) for n in range(7)] == [0, 1, 1, 1, 1, 1, 2]
+    assert filtered(20, 0.8, 2) == 4
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="min_bidders"):
+            make_policy("themis", min_bidders=bad)

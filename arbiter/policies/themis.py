@@ -2,7 +2,7 @@
 
 Rank: apps by their current rho, worst first; apps holding nothing (rho = infinity) first, in the
 order of their waiting rho, which grows while they wait (D13). Filter: the worst ceil((1 - f) N)
-are the auction's bidders, at least one (D6). The offer also goes to the next apps in rank order
+are the auction's bidders, at least one (D6; at least ``min_bidders``, D41). The offer also goes to the next apps in rank order
 until their own unmet demand covers the free GPUs (D14), so that what the auction leaves -- its
 hidden payments, GPUs nobody's row took -- is placed by bids too. Auction: the
 partial-allocation mechanism over the filtered apps in rank order (D8, D15). Leftover: the reserve,
@@ -50,11 +50,12 @@ def filter_worst(
     fairness_knob: float,
     rng: random.Random | None = None,
     waiting: Mapping[str, float] | None = None,
+    min_bidders: int = 1,
 ) -> list[str]:
-    """D6: the first ceil((1 - f) N) apps of :func:`worst_first`, at least one."""
+    """D6: the first :func:`filtered` apps of :func:`worst_first`."""
     check_knob(fairness_knob)
     ranked = worst_first(rho, rng, waiting)
-    return ranked[: max(1, math.ceil((1 - fairness_knob) * len(ranked) - 1e-9))] if ranked else []
+    return ranked[: filtered(len(ranked), fairness_knob, min_bidders)]
 
 
 def fill_offer(chosen: Sequence[str], ranked: Sequence[str], unmet: Mapping[str, int], free: int) -> list[str]:
@@ -71,9 +72,11 @@ def fill_offer(chosen: Sequence[str], ranked: Sequence[str], unmet: Mapping[str,
     return out
 
 
-def filtered(ranked_count: int, fairness_knob: float) -> int:
-    """D6: how many apps the auction takes, ceil((1 - f) N), at least one."""
-    return max(1, math.ceil((1 - fairness_knob) * ranked_count - 1e-9)) if ranked_count else 0
+def filtered(ranked_count: int, fairness_knob: float, min_bidders: int = 1) -> int:
+    """D6: how many apps the auction takes, ceil((1 - f) N), at least one; at least ``min_bidders``
+    of the N where there are that many (D41: with 2, no auction has a single bidder, who would take
+    everything it can use at c = 1)."""
+    return min(ranked_count, max(min_bidders, math.ceil((1 - fairness_knob) * ranked_count - 1e-9)))
 
 
 class ThemisPolicy(Policy):
@@ -81,12 +84,15 @@ class ThemisPolicy(Policy):
 
     def __init__(self, fairness_knob: float = DEFAULT_FAIRNESS_KNOB, solver: str = DEFAULT_SOLVER,
                  fill: bool = True, max_contenders: int | None = None, exact_payments: bool = True,
-                 canonical: bool = True):
+                 canonical: bool = True, min_bidders: int = 1):
         """``exact_payments`` False (D39, the service's setting): the auction re-solves for c_i only
         where the lottery needs it and reports the other winners' c_i as bounds; grants are the same.
         ``canonical`` False (D40, the service's setting): the PF allocation is the first optimum found,
-        not D16's canonical one among the optima."""
+        not D16's canonical one among the optima. ``min_bidders`` (D41): the auction takes at least
+        that many of the ranked apps (1, the default, is D6 as the paper has it; 2 is D41's option)."""
         check_knob(fairness_knob)
+        if isinstance(min_bidders, bool) or not isinstance(min_bidders, int) or min_bidders < 1:
+            raise ValueError(f"min_bidders must be an integer of at least 1, got {min_bidders!r}")
         if max_contenders is not None and max_contenders < 1:
             raise ValueError(f"max_contenders must be at least 1 (or None for no cap), got {max_contenders}")
         self.fairness_knob = fairness_knob
@@ -97,11 +103,12 @@ class ThemisPolicy(Policy):
         self.max_contenders = max_contenders
         self.exact_payments = exact_payments
         self.canonical = canonical
+        self.min_bidders = min_bidders
 
     def bidders(self, rho: Mapping[str, float], ctx: RoundContext) -> list[str]:
         waiting = {a: ctx.reports[a].rho_wait for a in rho if a in ctx.reports}
         ranked = worst_first(rho, ctx.rng, waiting)
-        chosen = ranked[: filtered(len(ranked), self.fairness_knob)]
+        chosen = ranked[: filtered(len(ranked), self.fairness_knob, self.min_bidders)]
         return fill_offer(chosen, ranked, ctx.unmet, len(ctx.free)) if self.fill else chosen
 
     def ranking(self, ctx: RoundContext) -> list[str]:
@@ -120,7 +127,7 @@ class ThemisPolicy(Policy):
         return offered + sorted(rest, key=key)
 
     def allocate(self, ctx: RoundContext, bids: Mapping[str, BidTable]) -> Decision:
-        stage = set(ctx.offered[: filtered(ctx.ranked or len(ctx.unmet), self.fairness_knob)])
+        stage = set(ctx.offered[: filtered(ctx.ranked or len(ctx.unmet), self.fairness_knob, self.min_bidders)])
         priority = [a for a in ctx.offered if a in bids and a in stage]
         # D20: the auction takes the worst max_contenders bidders with a useful row (D8); the
         # others are queued below.
