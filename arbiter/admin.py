@@ -302,6 +302,8 @@ class AdminApi:
             new.rank = request.rank[:NAME_MAX]
         if request.HasField("reclaim"):
             new.reclaim = request.reclaim
+        if request.HasField("min_bidders"):
+            new.min_bidders = request.min_bidders
         try:
             new.check()
         except ValueError as exc:

@@ -165,7 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=Path(args.tls_cert) if args.tls_cert else None, tls_key=Path(args.tls_key) if args.tls_key else None,
         policy=args.policy, fairness_knob=args.fairness_knob, lease_s=args.lease, coalesce_s=args.coalesce,
         report_timeout_s=args.report_timeout, bid_timeout_s=args.bid_timeout, max_contenders=args.max_contenders,
-        rank=args.rank, reclaim=args.reclaim, idle_s=args.idle_s, profiles=tuple(Path(p) for p in args.profiles),
+        min_bidders=args.min_bidders, rank=args.rank, reclaim=args.reclaim, idle_s=args.idle_s, profiles=tuple(Path(p) for p in args.profiles),
         admission=args.admission, http=args.http, contention=args.contention,
         limits=_limits(args.limit),
     )
@@ -436,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bid-timeout", type=float, help="seconds agents have to bid (default 2)")
     s.add_argument("--max-contenders", type=int,
                    help="bidders the auction takes per round, worst first; 0 = no cap (default 16, D20)")
+    s.add_argument("--min-bidders", type=int,
+                   help="the least number of apps a Themis auction takes: 2 leaves no auction with a single "
+                        "bidder (D41, an option); default 1 (D6)")
     s.add_argument("--rank", choices=RANKS,
                    help="what ranks the apps (D21): for apps an admin bound to a model (issue-token --model), "
                         "their claimed work at that model's slowdowns (measured, the default), or the rho "

@@ -78,6 +78,7 @@ class ServerConfig:
     bid_timeout_s: float | None = None
     heartbeat_s: float | None = None
     max_contenders: int | None = None
+    min_bidders: int | None = None
     rank: str | None = None
     reclaim: bool | None = None
     idle_s: float | None = None

@@ -40,6 +40,9 @@ class Settings:
     # D27: a round ends the leases an app holds beyond its fair share while an app that holds nothing
     # waits (once per such app); False lets every lease run to its end.
     reclaim: bool = True
+    # D41: the least number of the ranked apps a Themis auction takes; 1 is D6 as the paper has it,
+    # 2 leaves no auction with a single bidder (an option, measured in docs/mechanism.md).
+    min_bidders: int = 1
     # An app with no agent connected and no lease for this long goes idle: it counts in no one's
     # N_avg (D5) and is not asked for rho until its agent comes back. None: a lease and a minute.
     idle_s: float | None = None
@@ -63,6 +66,9 @@ class Settings:
             raise ValueError(f"max_contenders must be an integer from 0 (no cap) to {MAX_CONTENDERS}, "
                              f"got {self.max_contenders!r}")
         check_rank(self.rank)
+        if isinstance(self.min_bidders, bool) or not isinstance(self.min_bidders, int) \
+                or not 1 <= self.min_bidders <= MAX_CONTENDERS:
+            raise ValueError(f"min_bidders must be an integer from 1 to {MAX_CONTENDERS}, got {self.min_bidders!r}")
         if not isinstance(self.reclaim, bool):
             raise ValueError(f"reclaim must be true or false, got {self.reclaim!r}")
         if self.idle_s is not None and not (self.idle_s > 0 and math.isfinite(self.idle_s)):
@@ -73,7 +79,7 @@ class Settings:
         # exact value (the grants are the same; the round's auction is about half the CPU); D40: it
         # keeps the first optimal PF allocation found (no run of the service repeats anyway)
         options = ({"fairness_knob": self.fairness_knob, "max_contenders": self.max_contenders or None,
-                    "exact_payments": False, "canonical": False}
+                    "exact_payments": False, "canonical": False, "min_bidders": self.min_bidders}
                    if self.policy == "themis" else {})
         return make_policy(self.policy, **options)
 
@@ -93,4 +99,5 @@ class Settings:
         return pb.Settings(policy=self.policy, fairness_knob=self.fairness_knob, lease_s=self.lease_s,
                            coalesce_s=self.coalesce_s, expiry_window_s=expiry_window_s,
                            report_timeout_s=self.report_timeout_s, bid_timeout_s=self.bid_timeout_s,
-                           max_contenders=self.max_contenders, rank=self.rank, reclaim=self.reclaim)
+                           max_contenders=self.max_contenders, rank=self.rank, reclaim=self.reclaim,
+                           min_bidders=self.min_bidders)

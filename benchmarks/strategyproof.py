@@ -24,7 +24,7 @@ from its claimed work at its model's slowdowns (``measured``, the service's for 
 model); truthful apps rank the same either way.
 
     python benchmarks/strategyproof.py [--cases 60] [--draws 4] [--workers 2] [--ranks reported,measured]
-        [--lottery rotated|independent] [--out FILE]
+        [--lottery rotated|independent] [--min-bidders 1|2] [--out FILE]
 
 Prints a table per rank and writes JSON (``benchmarks/results/strategyproof.json`` by default).
 """
@@ -174,12 +174,12 @@ def lottery_outcomes(c: dict[str, float], kind: str = "rotated") -> list[tuple[f
 
 
 def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, float] | None = None,
-              rank: str = "reported"):
+              rank: str = "reported", min_bidders: int = 1):
     """One round of the case; returns (engine, result, true apps)."""
     cluster = load_cluster(CLUSTER)
     # reclaim=False: the "busy" app stands for the rest of the cluster, not an app above its share
     # whose leases D27 would end; which GPUs are free is the case's design
-    engine = RoundEngine(cluster, make_policy("themis"), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed,
+    engine = RoundEngine(cluster, make_policy("themis", min_bidders=min_bidders), lease_s=600, expiry_window_s=0, coalesce_s=0, seed=seed,
                          rank=rank, reclaim=False)
     apps = {p.name: p.build() for p in case.apps}
     engine.add_app("busy", 0.0)
@@ -212,14 +212,14 @@ class _Idle:
 
 
 def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
-            rank: str = "reported", kind: str = "rotated") -> tuple[float, tuple]:
+            rank: str = "reported", kind: str = "rotated", min_bidders: int = 1) -> tuple[float, tuple]:
     """E[1/rho] of what the liar holds after the round, exact over the auction's lottery (D15, D38), and where
     the round's rank put the liar (its place among the offered apps, and whether it bid in the
     auction): a lie can pay through the rank (step 1), which the auction does not see."""
     total = 0.0
     place: tuple = ()
     for seed in range(draws):
-        engine, result, apps = run_round(case, seed, liar, lie, rank)
+        engine, result, apps = run_round(case, seed, liar, lie, rank, min_bidders)
         if seed == 0:
             auction_ = result.decision.auction if result.decision else None
             place = (result.bidders.index(liar) if liar in result.bidders else None,
@@ -232,7 +232,7 @@ def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
             continue
         for kept, weight in outcomes:
             with forced_outcome(kept):
-                engine, _, apps = run_round(case, seed, liar, lie, rank)
+                engine, _, apps = run_round(case, seed, liar, lie, rank, min_bidders)
             total += weight * _value(engine, apps[liar], liar)
     return total / draws, place
 
@@ -244,18 +244,18 @@ def _value(engine: RoundEngine, app: AppScheduler, name: str) -> float:
     return 0.0 if math.isinf(rho) else 1.0 / rho
 
 
-def study_case(args: tuple[int, int, int, tuple[str, ...], str]) -> list[dict[str, Any]]:
-    seed, draws, liars, ranks, kind = args
+def study_case(args: tuple[int, int, int, tuple[str, ...], str, int]) -> list[dict[str, Any]]:
+    seed, draws, liars, ranks, kind, min_bidders = args
     case = make_case(seed)
     rng = random.Random(f"liars:{seed}")
     chosen = rng.sample([p.name for p in case.apps], min(liars, len(case.apps)))
     rows = []
     for liar in chosen:
-        truth, place = utility(case, liar, draws, None, kind=kind)
+        truth, place = utility(case, liar, draws, None, kind=kind, min_bidders=min_bidders)
         holds = any(p.held for p in case.apps if p.name == liar)
         for rank in ranks:
             for lie in LIES:
-                lied, lie_place = utility(case, liar, draws, lie, rank, kind)
+                lied, lie_place = utility(case, liar, draws, lie, rank, kind, min_bidders)
                 gain = (lied - truth) / truth if truth > 0 else (math.inf if lied > 0 else 0.0)
                 rows.append({"case": seed, "liar": liar, "holds": holds, "lie": f"{lie[0]} {lie[1]:g}".strip(),
                              "rank": rank, "truth": truth, "lied": lied, "gain": gain,
@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lottery", choices=("rotated", "independent"), default="rotated",
                         help="the auction's lottery: D38's (the code's) or independent draws (before D38), "
                              "either exact over its outcomes")
+    parser.add_argument("--min-bidders", type=int, default=1,
+                        help="the policy's least number of bidders (D41's option: 2; default %(default)s, D6)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.quick:
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         check_rank(rank)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    jobs = [(seed, args.draws, args.liars, ranks, args.lottery) for seed in range(args.cases)]
+    jobs = [(seed, args.draws, args.liars, ranks, args.lottery, args.min_bidders) for seed in range(args.cases)]
     with Progress(TextColumn("cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("cases", total=len(jobs))
@@ -333,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                       pct(max((r["gain"] for r in same), default=0.0)))
         Console(width=160).print(table)
     result = {"machine": machine_info(), "cases": args.cases, "draws": args.draws, "liars_per_case": args.liars,
-              "lottery": args.lottery,
+              "lottery": args.lottery, **({"min_bidders": args.min_bidders} if args.min_bidders != 1 else {}),
               "wall_seconds": time.perf_counter() - started, "ranks": list(ranks),
               "summary": summaries.get("reported", {}), "summary_by_rank": summaries,
               "paying": [r for r in rows if r["lied"] > r["truth"] + 1e-9]}

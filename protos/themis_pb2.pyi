@@ -33,7 +33,7 @@ class Lease(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., app: _Optional[str] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders", "rank", "reclaim")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "coalesce_s", "expiry_window_s", "report_timeout_s", "bid_timeout_s", "max_contenders", "rank", "reclaim", "min_bidders")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class Settings(_message.Message):
     MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_FIELD_NUMBER: _ClassVar[int]
+    MIN_BIDDERS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
@@ -54,7 +55,8 @@ class Settings(_message.Message):
     max_contenders: int
     rank: str
     reclaim: bool
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ...) -> None: ...
+    min_bidders: int
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., coalesce_s: _Optional[float] = ..., expiry_window_s: _Optional[float] = ..., report_timeout_s: _Optional[float] = ..., bid_timeout_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ..., min_bidders: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "bid", "release", "demand", "heartbeat", "done", "jobs")
@@ -540,20 +542,22 @@ class RoundList(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ...) -> None: ...
 
 class SettingsUpdate(_message.Message):
-    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders", "rank", "reclaim")
+    __slots__ = ("policy", "fairness_knob", "lease_s", "max_contenders", "rank", "reclaim", "min_bidders")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KNOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTENDERS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_FIELD_NUMBER: _ClassVar[int]
+    MIN_BIDDERS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     fairness_knob: float
     lease_s: float
     max_contenders: int
     rank: str
     reclaim: bool
-    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ...) -> None: ...
+    min_bidders: int
+    def __init__(self, policy: _Optional[str] = ..., fairness_knob: _Optional[float] = ..., lease_s: _Optional[float] = ..., max_contenders: _Optional[int] = ..., rank: _Optional[str] = ..., reclaim: _Optional[bool] = ..., min_bidders: _Optional[int] = ...) -> None: ...
 
 class AddMachineRequest(_message.Message):
     __slots__ = ("rack", "machine", "gpus", "slots")

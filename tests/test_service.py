@@ -231,6 +231,13 @@ def test_admin_can_change_settings_add_and_drain_machines(tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.UpdateSettings(pb.SettingsUpdate(max_contenders=-1), metadata=meta)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_contenders" in err.value.details()
+            assert s.min_bidders == 1 and server.service.engine.policy.min_bidders == 1  # D6, the default
+            s = await stub.UpdateSettings(pb.SettingsUpdate(min_bidders=2), metadata=meta)
+            assert s.min_bidders == 2 and server.service.engine.policy.min_bidders == 2  # D41's option
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.UpdateSettings(pb.SettingsUpdate(min_bidders=0), metadata=meta)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "min_bidders" in err.value.details()
+            assert server.service.settings.min_bidders == 2  # the refused change lost nothing
             await stub.UpdateSettings(pb.SettingsUpdate(policy="fifo"), metadata=meta)
             state = await stub.DrainMachine(pb.DrainMachineRequest(machine="r0-m0"), metadata=meta)
             assert list(state.drained_machines) == ["r0-m0"]
@@ -262,7 +269,7 @@ def test_a_restarted_arbiter_restores_leases_apps_and_settings(tmp_path):
             before = {x.gpu: (x.app, x.expires_at) for x in server.service.engine.leases}
             n_avg_clock = server.service.engine.state().contention
             stub, meta, ch = admin_stub(server)
-            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5), metadata=meta)
+            await stub.UpdateSettings(pb.SettingsUpdate(fairness_knob=0.5, min_bidders=2), metadata=meta)
             await ch.close()
             a.stop()
             await task
@@ -271,6 +278,7 @@ def test_a_restarted_arbiter_restores_leases_apps_and_settings(tmp_path):
             assert {x.gpu: (x.app, x.expires_at) for x in engine.leases} == before
             assert "a" in engine.apps and engine.state().contention >= n_avg_clock
             assert server.service.settings.fairness_knob == 0.5 and server.service.settings.lease_s == 120.0
+            assert server.service.settings.min_bidders == 2 and engine.policy.min_bidders == 2
 
     run(scenario())
 
