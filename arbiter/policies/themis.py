@@ -2,7 +2,8 @@
 
 Rank: apps by their current rho, worst first; apps holding nothing (rho = infinity) first, in the
 order of their waiting rho, which grows while they wait (D13). Filter: the worst ceil((1 - f) N)
-are the auction's bidders, at least one (D6; at least ``min_bidders``, D41). The offer also goes to the next apps in rank order
+are the auction's bidders, at least one (D6), at least ``min_bidders`` with D41's option. The offer
+also goes to the next apps in rank order
 until their own unmet demand covers the free GPUs (D14), so that what the auction leaves -- its
 hidden payments, GPUs nobody's row took -- is placed by bids too. Auction: the
 partial-allocation mechanism over the filtered apps in rank order (D8, D15). Leftover: the reserve,
