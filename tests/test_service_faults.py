@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent.agent import Agent
 from agent.client import AgentClient, channel, issue_token, register
+from arbiter.connection import OUTBOX_LIMIT
 from protos import themis_pb2 as pb
 from protos import themis_pb2_grpc as pb_grpc
 from tests.service_kit import (
@@ -690,6 +691,12 @@ def test_fuzzed_stream_is_rejected_while_a_good_agent_is_served(tmp_path):
                 if sent % 20 == 0:
                     good_max = max(good_max, len(good.held))
                     await asyncio.sleep(0.02)
+                    # the reader shares this loop with the arbiter: a fuzzer that outruns its own
+                    # reading is ended as too slow (OUTBOX_LIMIT; test_service_lifecycle asks that),
+                    # which happened under a full suite's load; here it reads before it sends more
+                    conn = service.conns.get("fuzz")
+                    assert conn is not None and conn.ending is None, conn and conn.ending
+                    await wait_for(lambda: conn.outbox.qsize() < OUTBOX_LIMIT // 4, 120)
             fuzz_s = time.monotonic() - started
             rounds_during = service.rounds_run
             # the stream is still open and still answered: one more bad message, one more rejection
