@@ -320,14 +320,17 @@ def _split_time(app: AppScheduler, phase: int, order: tuple[Position, ...], spli
     """Phase ``phase`` (0: a curve-stopping app's running jobs) on ``order``, its split taken from
     ``splits`` when the app's jobs do not depend on the allocation."""
     if splits is None or app.work_depends_on_allocation:
-        jobs = app.jobs_remaining(order) if phase == 0 else app.jobs_in_phase(phase, order)
-        return phase_time(jobs, order, ordered=True, least=least)
+        return phase_time(_jobs_of(app, phase, order), order, ordered=True, least=least)
     key = (phase, len(order))
     split = splits.get(key)
     if split is None:
-        jobs = app.jobs_remaining(order) if phase == 0 else app.jobs_in_phase(phase, order)
-        split = splits[key] = phase_split(jobs, order)
+        split = splits[key] = phase_split(_jobs_of(app, phase, order), order)
     return time_of_split(split, order, least=least)
+
+
+def _jobs_of(app: AppScheduler, phase: int, order: tuple[Position, ...]) -> list[JobInfo]:
+    """The jobs of ``phase`` (0: a curve-stopping app's running jobs) on ``order``."""
+    return app.jobs_remaining(order) if phase == 0 else app.jobs_in_phase(phase, order)
 
 
 def least_time_left(app: AppScheduler, n: int, *, splits: dict | None = None,

@@ -482,11 +482,11 @@ def _split_workload(args: argparse.Namespace) -> None:
         args.workload_knob = [*getattr(args, "workload_knob", []), *knobs.items()]
 
 
-def _resplit(args: argparse.Namespace) -> dict[str, Any]:
+def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The resplit, reclaim and min-bidders settings, each named only when it is not the default (kept
     runs stay keyed as before)."""
     return (({"resplit": args.resplit} if args.resplit != "now" else {}) | ({} if args.reclaim else {"reclaim": False})
-            | ({"min_bidders": args.min_bidders} if getattr(args, "min_bidders", 1) != 1 else {}))
+            | ({"min_bidders": args.min_bidders} if args.min_bidders != 1 else {}))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -494,7 +494,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        fairness_knob=args.fairness_knob, lease=args.lease, restart=args.restart,
                        coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed,
                        workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
-                       **_resplit(args), **_blocks(args), **_contention(args),
+                       **_run_options(args), **_blocks(args), **_contention(args),
                        **_restart_costs(args), **_record(args))
     path = write_summary(summary, args.out)
     print_summary(out_console, [summary], f"{args.policy}: {args.workload} on {args.cluster}, seed {args.seed}",
@@ -552,7 +552,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     common = dict(cluster=args.cluster, workload=args.workload, fairness_knob=args.fairness_knob, lease=args.lease,
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
                   workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
-                  **_resplit(args), **_blocks(args), **_contention(args),
+                  **_run_options(args), **_blocks(args), **_contention(args),
                   **_restart_costs(args))
     store = RunStore(args.out / "runs", reuse=not args.fresh)
     if args.seeds == 1 and (args.workers or 1) == 1 and not getattr(args, "ray", None):
@@ -644,7 +644,7 @@ def cmd_strategic(args: argparse.Namespace) -> int:
                   lease=args.lease, seeds=args.seeds, workers=args.workers, policy=args.policy,
                   workload_knobs=dict(args.workload_knob) or None, rank=args.rank,
                   max_contenders=args.max_contenders, store=store, restart=args.restart,
-                  coalesce=args.coalesce, expiry_window=args.expiry_window, **_resplit(args))
+                  coalesce=args.coalesce, expiry_window=args.expiry_window, **_run_options(args))
     _say_kept(store)
     return 0
 
