@@ -298,3 +298,21 @@ def test_a_shapes_order_is_the_densest_first_order_of_its_stand_ins(cells):
     stand_ins = [_stand_in(i, j, k) for i, rack in enumerate(shape) for j, machine in enumerate(rack)
                  for k, n in enumerate(machine) for _ in range(n)]
     assert shape_order.__wrapped__(shape) == tuple(densest_first(stand_ins))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10), st.integers(0, 15), st.integers(0, 2)), min_size=1, max_size=300),
+       st.data())
+def test_a_shapes_blocks_are_those_of_its_order_and_give_each_run_its_level(cells, data):
+    """``shape_ends`` reads the slot, machine and rack blocks off the slot sizes; they must be the
+    blocks of the shape's order, and the level they give a stretch the one its two ends give."""
+    from agent.fairness import _level_in, _run_level, order_ends, shape_ends, shape_order
+    from agent.placement import canonical_shape
+
+    shape = canonical_shape([(f"r{r}", f"m{m}", f"s{k}") for r, m, k in cells])
+    order = shape_order(shape)
+    ends = shape_ends.__wrapped__(shape)
+    assert ends == order_ends(order)
+    first = data.draw(st.integers(0, len(order) - 1))
+    last = data.draw(st.integers(first, len(order) - 1))
+    assert _level_in(ends, first, last) == _run_level(order[first], order[last])
