@@ -16,7 +16,9 @@ Goals (issue 13): Themis's CPU time at 1,024 GPUs x 150 apps at most 2x Tiresias
 Run ``python benchmarks/scale.py [--cells 256x50,1024x150,1024x1000] [--policies themis,tiresias]
 [--timeout 600] [--out FILE]``; results go to ``benchmarks/results/scale.json`` by default. A policy
 ``themis@N`` is Themis with the service's cap of N contenders per auction (D20, ``--max-contenders``);
-the goals are judged for exact Themis and for each capped variant separately.
+the goals are judged for exact Themis and for each capped variant separately. A policy ending in
+``/bounds`` (``themis/bounds``, ``themis@16/bounds``) runs with ``--payments bounds`` (D42: bounds on c_i
+decide the lotteries they can, the same run with c_i reported as bounds).
 """
 
 from __future__ import annotations
@@ -69,12 +71,15 @@ def cluster_file(gpus: int, folder: Path) -> str:
 def run_cell(gpus: int, apps: int, policy: str, timeout: float, folder: Path) -> dict[str, Any]:
     """One simulation in its own process: its CPU time (user + system), wall time and summary."""
     out = folder / f"{policy}-{gpus}x{apps}"
-    name, _, cap = policy.partition("@")
+    spec, _, payments = policy.partition("/")
+    name, _, cap = spec.partition("@")
     cmd = [sys.executable, "-m", "simulator", "run", "--cluster", cluster_file(gpus, folder), "--workload",
            "synthetic", "--workload-knob", f"apps={apps}", "--workload-knob", f"cluster_gpus={gpus}",
            "--workload-knob", "load=0.8", "--policy", name, "--seed", "0", "--out", str(out)]
     if cap:
         cmd += ["--max-contenders", cap]
+    if payments:
+        cmd += ["--payments", payments]
     errors = folder / f"{policy}-{gpus}x{apps}.stderr"  # a file, not a pipe: nobody reads it while it runs
     started = time.monotonic()
     with errors.open("wb") as err_file:
@@ -158,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(run_cell(gpus, apps, policy, args.timeout, Path(tmp)))
                 progress.advance(task)
     console.print(table(cells))
-    variants = [p for p in policies if p.partition("@")[0] == "themis"]
+    variants = [p for p in policies if p.partition("/")[0].partition("@")[0] == "themis"]
     result = {"machine": machine_info(), "settings": vars(args) | {"out": str(args.out)},
               "goals": goals(cells), "goals_by_variant": {v: goals(cells, v) for v in variants},
               "cells": cells, "total_s": time.monotonic() - started}

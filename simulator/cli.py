@@ -45,7 +45,7 @@ from simulator.engine import DEFAULT_RESTART_S, RESPLITS
 from simulator.metrics import write_summary
 from simulator.pooling import POOLABLE
 from simulator.run_store import RunStore
-from simulator.runs import run_seeds, simulate
+from simulator.runs import PAYMENTS, run_seeds, simulate
 from simulator.strategic import STRATEGIES
 from simulator.workloads import known_workloads
 
@@ -384,6 +384,18 @@ def _add_common(p: argparse.ArgumentParser, *, policy: bool = True) -> None:
     _add_profiles(p)
 
 
+def _add_payments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--payments", choices=PAYMENTS, default="exact",
+                   help="exact: every Themis winner's c_i re-solved (D8, D16); bounds: a lottery that bounds "
+                        "on c_i decide takes no re-solve (D39, D42): the same grants and the same run, c_i "
+                        "reported as bounds (default %(default)s)")
+
+
+def _payments(args: argparse.Namespace) -> dict[str, Any]:
+    """--payments, named only when it is not the default (kept runs stay keyed as before)."""
+    return {} if args.payments == "exact" else {"payments": args.payments}
+
+
 def _add_ray(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", metavar="ADDRESS",
                    help="run every (policy, setting, seed) as a Ray task instead of local processes: local "
@@ -495,7 +507,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        coalesce=args.coalesce, expiry_window=args.expiry_window, seed=args.seed,
                        workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
                        **_run_options(args), **_blocks(args), **_contention(args),
-                       **_restart_costs(args), **_record(args))
+                       **_restart_costs(args), **_record(args), **_payments(args))
     path = write_summary(summary, args.out)
     print_summary(out_console, [summary], f"{args.policy}: {args.workload} on {args.cluster}, seed {args.seed}",
                   path.name)
@@ -553,7 +565,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   restart=args.restart, coalesce=args.coalesce, expiry_window=args.expiry_window,
                   workload_knobs=dict(args.workload_knob) or None, max_contenders=args.max_contenders,
                   **_run_options(args), **_blocks(args), **_contention(args),
-                  **_restart_costs(args))
+                  **_restart_costs(args), **_payments(args))
     store = RunStore(args.out / "runs", reuse=not args.fresh)
     if args.seeds == 1 and (args.workers or 1) == 1 and not getattr(args, "ray", None):
         per_policy = [[_simulate_kept(store, {"policy": p, "seed": seeds[0], **common})] for p in policies]
@@ -616,7 +628,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         raise SystemExit(f"themis-sim: unknown experiment {args.name!r}; choose from {', '.join(EXPERIMENTS)}")
     run_experiment(args.name, args.out, quick=args.quick, seed=args.seed, seeds=args.seeds, workers=args.workers,
                    policies=_policies(args.policies), setup=args.setup, reuse=not args.fresh, **_blocks(args),
-                   **_contention(args, on_anyway=args.name == "deepshare"))
+                   **_contention(args, on_anyway=args.name == "deepshare"), **_payments(args))
     return 0
 
 
@@ -727,6 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_blocks(p)
     _add_contention(p)
     _add_restart_costs(p)
+    _add_payments(p)
     p.add_argument("--record-rounds", action="store_true",
                    help="record every round (bidders, PF rows, c_i, draws, leftover, the map) beside summary.json "
                         "as rounds.jsonl.gz, for themis-sim view (off by default: it costs time and disk)")
@@ -743,6 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_blocks(p)
     _add_contention(p)
     _add_restart_costs(p)
+    _add_payments(p)
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P1,P2,...",
                    help=f"comma-separated, from {', '.join(sorted(POLICIES))} (default %(default)s)")
     p.add_argument("--seeds", type=_count, default=1, help="seeds --seed, --seed + 1, ...: mean and 95%% interval")
@@ -769,6 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_profiles(p)
     _add_blocks(p)
     _add_contention(p)
+    _add_payments(p)
     p.set_defaults(func=cmd_experiment)
     p = sub.add_parser("pool", formatter_class=_Help,
                        help="pool the seeds of saved experiment results (same figure and settings)")

@@ -85,6 +85,10 @@ class AppRun:
     next_checkpoint: dict[str, float] = field(default_factory=dict)
     auction_wins: int = 0  # rounds in which the auction's PF gave it a row (D8)
     kept_sum: float = 0.0  # sum of its c_i over those rounds: 1 - c_i was its hidden payment
+    #: D42: of those rounds, the ones whose lottery bounds decided (``payments="bounds"``), and the
+    #: sums of their c_i's lower and upper bounds (the exact c_i is then not known)
+    bounded_wins: int = 0
+    kept_bounds: tuple[float, float] = (0.0, 0.0)
     admitted_at: float | None = None  # when the admission policy let it in (D33)
     first_gpu_s: float | None = None  # arrival to its first GPU (Blox's responsiveness)
     converge_at: dict[str, float] = field(default_factory=dict)  # job -> iteration its loss rule ends it (D34)
@@ -109,6 +113,7 @@ class SimulationResult:
     zeroed: int = 0  # auctions in which a PF winner had c_i = 0 (D8, D25)
     zeroed_first: int = 0  # ... the first-ranked contender, holding nothing (the starving kind, D25)
     reclaimed: int = 0  # leases ended early for apps that held nothing (D27)
+    bounded: int = 0  # PF winners whose lottery bounds on c_i decided (D39, D42; 0 with exact payments)
 
 
 class Simulation:
@@ -452,7 +457,7 @@ class Simulation:
         wall = time.perf_counter()
         arrivals = sorted(self.workload.apps, key=lambda a: (a.arrival_s, a.app_id))
         nxt = 0
-        rounds = auctions = noncanonical = zeroed = zeroed_first = reclaimed = 0
+        rounds = auctions = noncanonical = zeroed = zeroed_first = reclaimed = bounded = 0
         granted_by: dict[str, int] = {}
         kept: list[RoundResult] = []
         while True:
@@ -500,13 +505,21 @@ class Simulation:
                 noncanonical += outcome is not None and not outcome.canonical
                 reclaimed += len(result.reclaimed)
                 if outcome is not None:
-                    zeros = [a for a in outcome.pf if outcome.hidden_payment[a] == 0.0]
+                    zeros = [a for a in outcome.pf if outcome.hidden_payment.get(a) == 0.0
+                             or outcome.payment_bounds.get(a, (0.0, 1.0))[1] == 0.0]
                     zeroed += bool(zeros)
                     first = outcome.contenders[0] if outcome.contenders else None
                     zeroed_first += first in zeros and math.isinf(result.rho.get(first, 0.0))
                     for app in outcome.pf:
-                        self.runs[app].auction_wins += 1
-                        self.runs[app].kept_sum += outcome.hidden_payment[app]
+                        run = self.runs[app]
+                        run.auction_wins += 1
+                        if app in outcome.payment_bounds:
+                            lo, hi = outcome.payment_bounds[app]
+                            run.bounded_wins += 1
+                            run.kept_bounds = (run.kept_bounds[0] + lo, run.kept_bounds[1] + hi)
+                            bounded += 1
+                        else:
+                            run.kept_sum += outcome.hidden_payment[app]
                 if result.bidders:
                     for source, n in result.granted_by.items():
                         granted_by[source] = granted_by.get(source, 0) + n
@@ -538,6 +551,7 @@ class Simulation:
             zeroed=zeroed,
             zeroed_first=zeroed_first,
             reclaimed=reclaimed,
+            bounded=bounded,
         )
 
 

@@ -400,11 +400,12 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, 
                    workers: int | None = None, policies: Sequence[str] | None = None,
                    setup: str = "sim", reuse: bool = True, contention: str | None = None,
                    preempt_at: float | None = None, admission: str | None = None,
-                   convergence: str | None = None) -> dict[str, Any]:
+                   convergence: str | None = None, payments: str = "exact") -> dict[str, Any]:
     """Run experiment ``name`` into ``out``. Finished runs are kept in ``out/runs``
     (``simulator.run_store``): with ``reuse`` (the default) a run kept there for the same
     arguments and code is not simulated again, so more seeds, or a re-run after an interruption,
-    cost only the missing runs. The result says how many runs it reused and simulated."""
+    cost only the missing runs. The result says how many runs it reused and simulated. ``payments``
+    "bounds" lets bounds on c_i decide Themis's lotteries (D42; ``simulate``)."""
     if seeds < 1:
         raise ValueError("--seeds must be at least 1")
     check_setup(name, setup)
@@ -421,6 +422,8 @@ def run_experiment(name: str, out: Path, *, quick: bool = False, seed: int = 0, 
             raise ValueError("blox-admission sweeps the admission policy itself; run it without --admission")
         the_setup.run_options.update({k: v for k, v in (("admission", admission), ("convergence", convergence))
                                       if v is not None})
+    if payments != "exact":  # D42 in every Themis run of the figure (Fig. 15 reports c_i: exact there)
+        the_setup.run_options["payments"] = payments
     result = EXPERIMENTS[name](the_setup)
     store = the_setup.store
     result["runs_reused"], result["runs_simulated"] = store.reused, store.simulated

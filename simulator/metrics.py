@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.fairness import ideal_time
-from simulator.engine import RESTART_CAUSES, RESTART_GAPS, SimulationResult, app_rho, share_time
+from simulator.engine import RESTART_CAUSES, RESTART_GAPS, AppRun, SimulationResult, app_rho, share_time
 
 RESTART_GAP_LABELS = ("first", *(label for _, label in RESTART_GAPS))  # the summary's order
 FLOOR_S = 600.0  # apps with an ideal time below this are left out of ``max_rho_floor``
@@ -78,7 +78,8 @@ def app_rows(result: SimulationResult) -> list[dict[str, Any]]:
                 "restart_gaps": dict(run.restart_gaps),
                 "deferred_resplits": run.deferred,
                 "auction_wins": run.auction_wins,
-                "mean_hidden_payment": 1 - run.kept_sum / run.auction_wins if run.auction_wins else 0.0,
+                "mean_hidden_payment": _mean_payment(run),
+                **({"hidden_payment_bounds": _payment_bounds(run)} if run.bounded_wins else {}),
                 # D35: the contention ratio its jobs ran at (GPU-time weighted; 1 without a contention
                 # model), the time they held GPUs and their preemptions (None without one)
                 "mean_ratio": run.contention.mean_ratio if run.contention is not None else 1.0,
@@ -87,6 +88,20 @@ def app_rows(result: SimulationResult) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _mean_payment(run: AppRun) -> float | None:
+    """1 - the mean c_i over the app's auction wins; None when the bounds decided some of its
+    lotteries (D42): their exact c_i is not known, and a number in between would look like it."""
+    if run.bounded_wins:
+        return None
+    return 1 - run.kept_sum / run.auction_wins if run.auction_wins else 0.0
+
+
+def _payment_bounds(run: AppRun) -> list[float]:
+    """[least, most] the app's mean hidden payment can be, from its exact c_i and the bounds (D42)."""
+    lo, hi = run.kept_bounds
+    return [1 - (run.kept_sum + hi) / run.auction_wins, 1 - (run.kept_sum + lo) / run.auction_wins]
 
 
 def summarize(result: SimulationResult, **extra: Any) -> dict[str, Any]:

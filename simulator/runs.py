@@ -26,6 +26,7 @@ from simulator.run_store import RunStore, console
 from simulator.workloads import load_workload
 
 THEMIS_NAMES = ("themis", "themis-aware")  # Themis, and Themis with contention priced (D36)
+PAYMENTS = ("exact", "bounds")  # how a Themis winner's c_i is settled in a simulation (D42)
 
 if TYPE_CHECKING:
     from simulator.ray_sweep import RayCluster
@@ -60,6 +61,7 @@ def simulate(
     preempt_at: float | None = None,
     restart_costs: str | None = None,
     record_rounds: str | Path | None = None,
+    payments: str = "exact",
 ) -> dict[str, Any]:
     """One simulation, returned as its summary (the unit every command and experiment uses).
 
@@ -80,7 +82,11 @@ def simulate(
     ``restart_costs`` (``profiles``: ``agent/profiles/restart_costs.toml``, or a table of that form)
     makes each app's jobs pay their model's measured restart cost instead of ``restart`` (D32).
     ``record_rounds`` (a file) records every round for ``themis-sim view`` (``simulator.recording``);
-    the summary is the same with or without it."""
+    the summary is the same with or without it.
+    ``payments="bounds"`` lets bounds on c_i decide Themis's lotteries where they can (D39, D42): the
+    same grants, so the same run, and no re-solve for a lottery the bounds decide; the summary then
+    says ``payments``, counts ``bounded_lotteries``, and gives an app whose c_i were bounded
+    ``hidden_payment_bounds`` instead of a ``mean_hidden_payment``."""
     from simulator.plugins import load_from_env
 
     load_from_env()
@@ -95,6 +101,11 @@ def simulate(
     options: dict[str, Any] = {"fairness_knob": fairness_knob, "max_contenders": max_contenders} if policy in THEMIS_NAMES else {}
     if policy in THEMIS_NAMES and min_bidders != 1:
         options["min_bidders"] = min_bidders
+    if payments not in PAYMENTS:
+        raise ValueError(f"payments must be one of {', '.join(PAYMENTS)}, got {payments!r}")
+    bounds = payments == "bounds" and policy in THEMIS_NAMES
+    if bounds:
+        options["exact_payments"] = False
     sim = Simulation(
         the_cluster, the_workload, make_policy(policy, **options), lease_s=lease, restart_s=restart,
         coalesce_s=coalesce, expiry_window_s=expiry_window, seed=seed, agent_factory=agent_factory,
@@ -142,7 +153,8 @@ def simulate(
                      **({} if reclaim else {"reclaim": False}),
                      **({"contention": contention} if contention is not None else {}),
                      **({"preempt_at": preempt_at} if preempt_at is not None else {}),
-                     **({"restart_costs": restart_costs} if restart_costs is not None else {}))
+                     **({"restart_costs": restart_costs} if restart_costs is not None else {}),
+                     **({"payments": payments, "bounded_lotteries": result.bounded} if bounds else {}))
     if admission is not None or convergence is not None:
         from simulator.blocks import add_blocks
 

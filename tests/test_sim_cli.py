@@ -254,3 +254,47 @@ def test_resplit_reaches_run_compare_and_strategic(tmp_path):
                  "--liar", "b", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "lie")]) == 0
     kept = [json.loads(p.read_text()) for p in (tmp_path / "lie" / "runs").rglob("*.json")]
     assert kept and all(k["summary"].get("resplit") == "rent-or-buy" for k in kept)
+
+
+def test_payments_bounds_runs_the_same_simulation_and_reports_c_i_as_bounds(tmp_path):
+    """``--payments bounds`` (D42): lotteries that bounds on c_i decide take no re-solve, and since
+    the draw meets the same c_i either way, every grant and so every outcome is the exact run's;
+    only the hidden payments are reported differently, as bounds around the exact values."""
+    common = ["--cluster", "sim-256", "--workload", "small", "--policy", "themis", "--seed", "0"]
+    assert main(["run", *common, "--out", str(tmp_path / "exact")]) == 0
+    assert main(["run", *common, "--payments", "bounds", "--out", str(tmp_path / "bounds")]) == 0
+    exact = json.loads((tmp_path / "exact" / "summary.json").read_text())
+    bounds = json.loads((tmp_path / "bounds" / "summary.json").read_text())
+    assert "payments" not in exact and "bounded_lotteries" not in exact
+    assert bounds["payments"] == "bounds" and bounds["bounded_lotteries"] > 0
+    payment_fields = {"mean_hidden_payment", "hidden_payment_bounds"}
+    for key in set(exact) | set(bounds):
+        if key not in {"apps", "wall_seconds", "payments", "bounded_lotteries", "zeroed_auctions", "zeroed_first"}:
+            assert exact[key] == bounds[key], key
+    assert bounds["zeroed_auctions"] <= exact["zeroed_auctions"]  # a zero the bounds did not prove is not counted
+    bounded = 0
+    for e, b in zip(exact["apps"], bounds["apps"], strict=True):
+        assert {k: v for k, v in e.items() if k not in payment_fields} == \
+            {k: v for k, v in b.items() if k not in payment_fields}
+        if "hidden_payment_bounds" in b:
+            bounded += 1
+            lo, hi = b["hidden_payment_bounds"]
+            assert b["mean_hidden_payment"] is None
+            assert lo - 1e-12 <= e["mean_hidden_payment"] <= hi + 1e-12
+        else:
+            assert b["mean_hidden_payment"] == pytest.approx(e["mean_hidden_payment"], abs=1e-12)
+    assert bounded > 0
+    assert main(["compare", "--cluster", "sim-256", "--workload", "small", "--policies", "themis,tiresias",
+                 "--payments", "bounds", "--out", str(tmp_path / "cmp")]) == 0
+    compared = json.loads((tmp_path / "cmp" / "themis" / "summary.json").read_text())
+    assert compared["payments"] == "bounds" and compared["max_rho"] == exact["max_rho"]
+    assert "payments" not in json.loads((tmp_path / "cmp" / "tiresias" / "summary.json").read_text())
+
+
+def test_payments_refuses_what_it_does_not_know():
+    from simulator.runs import simulate
+
+    with pytest.raises(ValueError, match="payments must be one of exact, bounds"):
+        simulate(cluster="sim-256", workload="small", policy="themis", payments="approximate", show_progress=False)
+    with pytest.raises(SystemExit):
+        main(["run", "--workload", "small", "--payments", "approximate", "--out", "unused"])
