@@ -321,17 +321,20 @@ def make_bid(
     t_id = ideal_times(app, n_avg=offer.n_avg, cluster_size=offer.cluster_size)
     jobs = current_jobs(app, held_positions) if pricing is not None else []
 
-    def rho(positions: list[Position], gpus: frozenset[str]) -> float:
-        left = left_of(positions)
+    left_on_top = left_of.on_top(held_positions) if isinstance(left_of, TimeLeftCache) else None
+
+    def rho(extra: list[Position], gpus: frozenset[str]) -> float:
+        """rho of holding the held GPUs plus ``extra`` (``gpus`` by id)."""
+        left = left_on_top(extra) if left_on_top is not None else left_of(held_positions + extra)
         if pricing is not None and left and math.isfinite(left):
-            left /= pricing.factor(jobs, positions, offer.neighbourhood)
+            left /= pricing.factor(jobs, held_positions + extra, offer.neighbourhood)
         if restart_s and running and gpus != running:
             left += restart_s
-        return finish_time_fairness(
-            app, positions, now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left, t_id=t_id
+        return finish_time_fairness(  # with ``left`` given, the positions are not read
+            app, (), now=offer.now, n_avg=offer.n_avg, cluster_size=offer.cluster_size, left=left, t_id=t_id
         )
 
-    rho_old = rho(held_positions, frozenset(held))
+    rho_old = rho([], frozenset(held))
     remaining = app.demand_now() - len(held)
     if remaining <= 0 or not offer.gpus:
         return BidTable(rho_old, ())
@@ -358,7 +361,7 @@ def make_bid(
         # its size; useful_counts skips sizes above 16 (10, 13, 20, ...), so it is added here
         candidates.append(mine)
     for gids in candidates:
-        value = rho(held_positions + [offer.gpus[g] for g in gids], frozenset(held) | gids)
+        value = rho([offer.gpus[g] for g in gids], frozenset(held) | gids)
         if value < rho_old:
             rows.append((gids, value))
     return BidTable(rho_old, tuple(rows))

@@ -8,6 +8,7 @@ and N_avg, which the arbiter sends (D5). No clocks are read here.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -18,7 +19,7 @@ from agent.appsched import (
     JobInfo,
     SuccessiveHalvingScheduler,
 )
-from agent.placement import Position, Shape, Slowdown, canonical_shape, slowdown_of
+from agent.placement import Position, Shape, ShapeOnTop, Slowdown, canonical_shape, slowdown_of
 from protos.messages import WORK_COLUMNS, PhaseWork
 
 INFINITY = math.inf
@@ -453,7 +454,20 @@ class TimeLeftCache:
 
     def __call__(self, gpus: Sequence[Position]) -> float:
         self._sync()
-        shape = _shape_of(gpus)
+        return self._of_shape(_shape_of(gpus))
+
+    def on_top(self, held: Sequence[Position]) -> Callable[[Sequence[Position]], float]:
+        """The time left on ``held`` plus each set of positions it is given: a bid's rows, whose
+        shapes are made from the held GPUs' shape (``agent.placement.ShapeOnTop``)."""
+        shape_of = _shapes_on_top(held)
+
+        def left(extra: Sequence[Position]) -> float:
+            self._sync()
+            return self._of_shape(shape_of(extra))
+
+        return left
+
+    def _of_shape(self, shape: Shape) -> float:
         left = self._now.get(shape)
         if left is None:
             left = self._now[shape] = time_left_of_shape(self.app, shape, later=self._later, splits=self._splits,
@@ -486,6 +500,37 @@ def _shape_of(gpus: Sequence[Position]) -> Shape:
             _SHAPES.clear()
         shape = _SHAPES[key] = canonical_shape(key)
     return shape
+
+
+_HELD: dict[tuple[Position, ...], tuple[int, ShapeOnTop]] = {}
+_HELD_KEPT = 20_000
+_ON_TOP: dict[tuple[int, tuple[Position, ...]], Shape] = {}
+_HELD_IDS = itertools.count()
+
+
+def _shapes_on_top(held: Sequence[Position]) -> Callable[[Sequence[Position]], Shape]:
+    """``_shape_of(held + extra)`` for each ``extra``, remembered by (the held set, the extra
+    positions in their order) as ``_shape_of`` remembers whole sets: rows repeat from round to
+    round on the same held GPUs. A held set's number is never given to another, so emptying the
+    memories (past ``_HELD_KEPT`` held sets, ``_SHAPES_KEPT`` shapes) cannot mix two sets up."""
+    key = tuple(held)
+    got = _HELD.get(key)
+    if got is None:
+        if len(_HELD) >= _HELD_KEPT:
+            _HELD.clear()
+        got = _HELD[key] = (next(_HELD_IDS), ShapeOnTop(key))
+    number, on_top = got
+
+    def shape_of(extra: Sequence[Position]) -> Shape:
+        k = (number, tuple(extra))
+        shape = _ON_TOP.get(k)
+        if shape is None:
+            if len(_ON_TOP) >= _SHAPES_KEPT:
+                _ON_TOP.clear()
+            shape = _ON_TOP[k] = on_top(k[1])
+        return shape
+
+    return shape_of
 
 
 def ideal_time(app: AppScheduler, *, n_avg: float, cluster_size: int) -> float:

@@ -32,7 +32,7 @@ from arbiter.profiles import (
 )
 
 __all__ = ["ENTRY_KEYS", "NO_SLOWDOWN", "PROFILES_ENV", "SHIPPED_TABLE", "ModelProfile", "Position", "ProfileError",
-           "Shape", "Slowdown", "canonical_shape", "known_models_hint", "load_profiles", "locality_of",
+           "Shape", "ShapeOnTop", "Slowdown", "canonical_shape", "known_models_hint", "load_profiles", "locality_of",
            "model_slowdown", "override_notes", "profiles_with", "slowdown_of", "use_profiles", "user_profile_paths"]
 
 Position = tuple[str, str, str]  # (rack, machine, slot)
@@ -73,3 +73,38 @@ def canonical_shape(positions: Iterable[Position]) -> Shape:
         sizes.sort(reverse=True)
         racks.setdefault(rack, []).append(tuple(sizes))
     return tuple(sorted(tuple(sorted(ms, reverse=True)) for ms in racks.values()))
+
+
+class ShapeOnTop:
+    """``canonical_shape(held + extra)`` for many ``extra`` on one ``held``: a bid prices every row
+    as the app's held GPUs plus a pick of the offer, and a pick touches a rack or a few, so the
+    racks it does not touch keep the held set's shape and, in a rack it touches, only the machines
+    it touches are counted again. Equal to :func:`canonical_shape` of the concatenation
+    (``tests/test_placement.py``)."""
+
+    def __init__(self, held: Iterable[Position]):
+        self._slots: dict[tuple[str, str], dict[str, int]] = {}
+        for (rack, machine, slot), n in Counter(held).items():
+            self._slots.setdefault((rack, machine), {})[slot] = n
+        self._machines: dict[str, dict[str, tuple[int, ...]]] = {}
+        for (rack, machine), slots in self._slots.items():
+            self._machines.setdefault(rack, {})[machine] = tuple(sorted(slots.values(), reverse=True))
+        self._racks = {rack: tuple(sorted(ms.values(), reverse=True)) for rack, ms in self._machines.items()}
+        self.held: Shape = tuple(sorted(self._racks.values()))
+
+    def __call__(self, extra: Iterable[Position]) -> Shape:
+        touched: dict[str, dict[str, dict[str, int]]] = {}
+        for rack, machine, slot in extra:
+            machines = touched.setdefault(rack, {})
+            slots = machines.get(machine)
+            if slots is None:
+                slots = machines[machine] = dict(self._slots.get((rack, machine), {}))
+            slots[slot] = slots.get(slot, 0) + 1
+        if not touched:
+            return self.held
+        racks = [shape for rack, shape in self._racks.items() if rack not in touched]
+        for rack, machines in touched.items():
+            sizes = [s for m, s in self._machines.get(rack, {}).items() if m not in machines]
+            sizes += [tuple(sorted(slots.values(), reverse=True)) for slots in machines.values()]
+            racks.append(tuple(sorted(sizes, reverse=True)))
+        return tuple(sorted(racks))

@@ -6,9 +6,12 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.placement import (
     ProfileError,
+    ShapeOnTop,
     canonical_shape,
     load_profiles,
     locality_of,
@@ -60,6 +63,23 @@ def test_canonical_shape_ignores_names_but_not_structure():
     c = [("r0", "m0", "s0"), ("r0", "m0", "s1"), ("r1", "m3", "s1")]
     assert canonical_shape(a) == canonical_shape(b)
     assert canonical_shape(a) != canonical_shape(c)
+
+
+_cells = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 5), st.integers(0, 2)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_cells, st.lists(_cells, min_size=1, max_size=4))
+def test_a_shape_on_top_of_held_gpus_is_the_canonical_shape_of_both(held, extras):
+    """``ShapeOnTop`` reuses the held set's racks and machines; whatever a row adds (GPUs in held
+    slots, machines or racks, or new ones), the shape must be ``canonical_shape`` of the union."""
+    def positions(cells):
+        return [(f"r{r}", f"r{r}m{m}", f"s{k}") for r, m, k in cells]
+
+    on_top = ShapeOnTop(positions(held))
+    assert on_top([]) == canonical_shape(positions(held))
+    for extra in extras:
+        assert on_top(positions(extra)) == canonical_shape(positions(held) + positions(extra))
 
 
 @pytest.mark.parametrize(
