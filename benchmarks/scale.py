@@ -70,7 +70,8 @@ def cluster_file(gpus: int, folder: Path) -> str:
 
 def run_cell(gpus: int, apps: int, policy: str, timeout: float, folder: Path) -> dict[str, Any]:
     """One simulation in its own process: its CPU time (user + system), wall time and summary."""
-    out = folder / f"{policy}-{gpus}x{apps}"
+    tag = policy.replace("/", "+")  # themis/bounds names no folder
+    out = folder / f"{tag}-{gpus}x{apps}"
     spec, _, payments = policy.partition("/")
     name, _, cap = spec.partition("@")
     cmd = [sys.executable, "-m", "simulator", "run", "--cluster", cluster_file(gpus, folder), "--workload",
@@ -80,7 +81,7 @@ def run_cell(gpus: int, apps: int, policy: str, timeout: float, folder: Path) ->
         cmd += ["--max-contenders", cap]
     if payments:
         cmd += ["--payments", payments]
-    errors = folder / f"{policy}-{gpus}x{apps}.stderr"  # a file, not a pipe: nobody reads it while it runs
+    errors = folder / f"{tag}-{gpus}x{apps}.stderr"  # a file, not a pipe: nobody reads it while it runs
     started = time.monotonic()
     with errors.open("wb") as err_file:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
