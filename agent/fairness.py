@@ -345,7 +345,7 @@ def _stand_in(rack: int, machine: int, slot: int) -> Position:
 def shared_time_left(app: AppScheduler, gpus: Sequence[Position], *, later: dict | None = None) -> float:
     """T_sh minus the time already elapsed: what is left to run under allocation ``gpus``.
 
-    ``later`` caches the successive-halving phases after the current one by (phase, shape); its
+    ``later`` caches the successive-halving phases after the current one by shape, then phase; its
     owner must empty it when ``app.plan_version`` changes (``TimeLeftCache`` does)."""
     return time_left_of_shape(app, canonical_shape(gpus), later=later)
 
@@ -358,13 +358,17 @@ def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = 
     if isinstance(app, SuccessiveHalvingScheduler):
         current = app.current_phase()
         total = 0.0
+        ends = shape_ends(shape)
+        kept = None if later is None else later.get(shape)
+        if later is not None and kept is None:
+            kept = later[shape] = {}
         for phase in range(current, app.num_phases() + 1):
-            if phase == current or later is None:
-                t = _split_time(app, phase, shape, splits if phase == current else later_splits)
+            if phase == current or kept is None:
+                t = _split_time(app, phase, shape, splits if phase == current else later_splits, ends=ends)
             else:
-                t = later.get((phase, shape))
+                t = kept.get(phase)
                 if t is None:
-                    t = later[(phase, shape)] = _split_time(app, phase, shape, later_splits)
+                    t = kept[phase] = _split_time(app, phase, shape, later_splits, ends=ends)
             if t and phase > current and app.start_up_s:  # D30: the phase's jobs start again
                 t += app.start_up_s
             total += t
@@ -377,15 +381,16 @@ def time_left_of_shape(app: AppScheduler, shape: Shape, *, later: dict | None = 
 
 
 def _split_time(app: AppScheduler, phase: int, shape: Shape, splits: dict | None, *,
-                least: bool = False) -> float:
+                least: bool = False, ends: Ends | None = None) -> float:
     """Phase ``phase`` (0: a curve-stopping app's running jobs) on a GPU set of ``shape``, its
     split taken from ``splits`` when the app's jobs do not depend on the allocation: the split
     needs only the GPU count and the time only the shape's blocks (:func:`shape_ends`), so the
-    shape's order is not built."""
+    shape's order is not built. ``ends`` is ``shape_ends(shape)`` when the caller has it."""
     if splits is None or app.work_depends_on_allocation:
         order = shape_order(shape)
         return phase_time(_jobs_of(app, phase, order), order, ordered=True, least=least)
-    ends = shape_ends(shape)
+    if ends is None:
+        ends = shape_ends(shape)
     n = ends[0][-1] if ends[0] else 0
     key = (phase, n)
     split = splits.get(key)
