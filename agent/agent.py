@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from agent.appsched import AppScheduler
 from agent.bidding import DEFAULT_ALTERNATIVES, make_bid
-from agent.contention_pricing import ContentionPricing
+from agent.contention_pricing import ContentionPricing, current_jobs
 from agent.fairness import TimeLeftCache, finish_time_fairness, waiting_rho, work_of_shape
 from agent.placement import NO_SLOWDOWN, Position, canonical_shape
 from protos.messages import BidTable, Offer, RhoReport, RhoRequest, WorkClaim
@@ -45,11 +45,14 @@ class Agent:
     def report(self, request: RhoRequest) -> RhoReport:
         """Rho with what the app held as the round opened (D2-D4, D13), its demand, its waiting rho
         when it held nothing (D13), and whatever else the policy asks for (``request.extras``: what
-        the baselines allocate by)."""
+        the baselines allocate by). With a contention price and a request that lists its held GPUs'
+        neighbourhood, its rho prices the contention it runs under as its bid rows do (D43)."""
         held = list(request.held.values())
+        left = self.time_left(held)
+        if self.contention is not None and request.neighbourhood and held and left and math.isfinite(left):
+            left /= self.contention.factor(current_jobs(self.app, held), held, request.neighbourhood)
         rho = finish_time_fairness(
-            self.app, held, now=request.now, n_avg=request.n_avg, cluster_size=request.cluster_size,
-            left=self.time_left(held),
+            self.app, held, now=request.now, n_avg=request.n_avg, cluster_size=request.cluster_size, left=left,
         )
         demand = self.app.demand_now()
         extras = request.extras

@@ -629,6 +629,7 @@ class OpenRound:
                 {g: cluster.position(g) for g in sorted(self.held_at_open(app))},
                 extras | WORK if app in self.by_work else extras,
                 self.commitment,
+                self._neighbourhood(app, {}),
             )
             for app in sorted(engine.apps)
             if engine.wants_more(app) and app not in engine.idle and app not in engine.waiting
@@ -778,7 +779,7 @@ class OpenRound:
     def _neighbourhood(self, app: str, gpus: Mapping[str, Position]) -> Mapping[str, tuple[Neighbour, ...]]:
         """D36: with a contention-aware policy and a contention view, who runs on the machines of
         the offered GPUs and of the app's own (held and just expired); otherwise nothing (D35's
-        unaware runs stay as they were)."""
+        unaware runs stay as they were). With no GPUs offered, the rho request's (D43)."""
         view = self.policy.contention
         if view is None or not self.policy.contention_aware:
             return {}

@@ -67,7 +67,10 @@ class RhoRequest:
     -- all apps that want more GPUs than they hold (D6). ``held`` is what the app held as the round
     opened, leases that ran out at this round included: it still runs on them until the round
     decides (D13). ``extras`` names the report fields beyond
-    rho and demand that the round's policy reads, so agents compute only those."""
+    rho and demand that the round's policy reads, so agents compute only those. ``neighbourhood``
+    (D43, from a contention-aware arbiter only) lists the other apps' jobs on the machines of the
+    held GPUs, as an offer does for its own (D36), so the rho an app reports prices the contention
+    it runs under."""
 
     round_id: int
     app: str
@@ -77,6 +80,7 @@ class RhoRequest:
     held: Mapping[str, Position]
     extras: frozenset[str] = frozenset()  # RhoReport fields beyond rho and demand the policy reads
     commitment: str = ""  # SHA-256 of the round's seed, revealed after the round (D24)
+    neighbourhood: Mapping[str, tuple[Neighbour, ...]] = field(default_factory=dict)  # machine -> who runs there
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class Welcome(_message.Message):
     def __init__(self, app: _Optional[str] = ..., cluster: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., now: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., places: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., took_over: _Optional[bool] = ...) -> None: ...
 
 class RhoRequest(_message.Message):
-    __slots__ = ("round_id", "now", "n_avg", "cluster_size", "held", "extras", "deadline", "lottery_commitment")
+    __slots__ = ("round_id", "now", "n_avg", "cluster_size", "held", "extras", "deadline", "lottery_commitment", "neighbours")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     N_AVG_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class RhoRequest(_message.Message):
     EXTRAS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     LOTTERY_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     now: float
     n_avg: float
@@ -148,7 +149,8 @@ class RhoRequest(_message.Message):
     extras: _containers.RepeatedScalarFieldContainer[str]
     deadline: float
     lottery_commitment: str
-    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., extras: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ..., lottery_commitment: _Optional[str] = ...) -> None: ...
+    neighbours: _containers.RepeatedCompositeFieldContainer[Neighbour]
+    def __init__(self, round_id: _Optional[int] = ..., now: _Optional[float] = ..., n_avg: _Optional[float] = ..., cluster_size: _Optional[int] = ..., held: _Optional[_Iterable[_Union[GpuPlace, _Mapping]]] = ..., extras: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ..., lottery_commitment: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ...) -> None: ...
 
 class RhoReport(_message.Message):
     __slots__ = ("round_id", "app", "rho", "demand", "remaining_s", "slowdown", "loss_decrease", "rho_wait", "work")

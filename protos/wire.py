@@ -52,12 +52,12 @@ def lease_pb(lease) -> pb.Lease:
 def rho_request_pb(req: RhoRequest, deadline: float) -> pb.RhoRequest:
     return pb.RhoRequest(round_id=req.round_id, now=req.now, n_avg=req.n_avg, cluster_size=req.cluster_size,
                          held=places(req.held), extras=sorted(req.extras), deadline=deadline,
-                         lottery_commitment=req.commitment)
+                         lottery_commitment=req.commitment, neighbours=neighbours_pb(req.neighbourhood))
 
 
 def rho_request(msg: pb.RhoRequest, app: str) -> RhoRequest:
     return RhoRequest(msg.round_id, app, msg.now, msg.n_avg, msg.cluster_size, positions(msg.held),
-                      frozenset(msg.extras), msg.lottery_commitment)
+                      frozenset(msg.extras), msg.lottery_commitment, neighbourhood(msg.neighbours))
 
 
 MAX_NEIGHBOURS = 4096  # jobs listed around one offer: more than any cluster's machines hold jobs
@@ -73,12 +73,12 @@ def offer_pb(offer: Offer) -> pb.Offer:
 
 
 def neighbourhood(items: Iterable[pb.Neighbour]) -> dict[str, tuple[Neighbour, ...]]:
-    """The offer's neighbours by machine; a count, class, GPU or machine number that cannot be a job
+    """An offer's or a rho request's neighbours by machine; a count, class, GPU or machine number that cannot be a job
     raises :class:`WireError` naming the entry."""
     out: dict[str, list[Neighbour]] = {}
     for k, n in enumerate(items):
         if k >= MAX_NEIGHBOURS:
-            raise WireError(f"offer lists more than {MAX_NEIGHBOURS} neighbours")
+            raise WireError(f"more than {MAX_NEIGHBOURS} neighbours listed")
         if not n.machine or not n.cls or len(n.cls) > MAX_CLASS_CHARS:
             raise WireError(f"neighbour {k}: machine and class must be non-empty (class at most "
                             f"{MAX_CLASS_CHARS} characters), got {n.machine[:64]!r}, {n.cls[:64]!r}")

@@ -226,7 +226,7 @@ def test_aware_without_a_contention_model_is_themis_outcome_for_outcome():
     _same(_run("themis-aware", None), _run("themis", None))
 
 
-def test_with_awareness_off_offers_carry_no_neighbourhood_and_with_it_they_do():
+def test_with_awareness_off_offers_and_requests_carry_no_neighbourhood_and_with_it_they_do():
     from agent.agent import Agent
     from simulator.engine import Simulation
     from simulator.workloads import load_workload
@@ -234,13 +234,19 @@ def test_with_awareness_off_offers_carry_no_neighbourhood_and_with_it_they_do():
 
     seen: dict[str, list[Offer]] = {}
     pricing: dict[str, set] = {}
+    asked: dict[str, list] = {}
     for policy in ("themis", "themis-aware"):
         offers: list[Offer] = []
+        requests: list = []
 
         class Recording(Agent):
             def bid(self, offer, offers=offers):
                 offers.append(offer)
                 return super().bid(offer)
+
+            def report(self, request, requests=requests):
+                requests.append(request)
+                return super().report(request)
 
         workload = load_workload("deepshare", path=str(DEFAULT_TRACE), jobs=24)
         sim = Simulation(CLUSTER, workload, make_policy(policy), lease_s=300.0, restart_s=0.0,
@@ -248,11 +254,43 @@ def test_with_awareness_off_offers_carry_no_neighbourhood_and_with_it_they_do():
                          agent_factory=lambda spec, app: Recording(app, name=spec.app_id))
         sim.run()
         seen[policy] = offers
+        asked[policy] = requests
         pricing[policy] = {run.agent.contention is None for run in sim.runs.values()}
     assert seen["themis"] and all(not o.neighbourhood for o in seen["themis"])
     assert pricing == {"themis": {True}, "themis-aware": {False}}
     assert any(o.neighbourhood for o in seen["themis-aware"])
     assert all(n.cls in TABLE.classes for o in seen["themis-aware"] for ns in o.neighbourhood.values() for n in ns)
+    # D43: a rho request lists who runs on the held GPUs' machines, and only there
+    assert asked["themis"] and all(not r.neighbourhood for r in asked["themis"])
+    aware = [r for r in asked["themis-aware"] if r.neighbourhood]
+    assert aware and all(r.held for r in aware)
+    assert all(set(r.neighbourhood) <= {p[1] for p in r.held.values()} for r in aware)
+
+
+def test_the_reported_rho_prices_the_held_gpus_neighbourhood_as_the_bids_rho_old_does():
+    """D43: a 4-GPU Transformer-XL job spread over machines 0 and 1, where a DLRM job also spans
+    them. Asked with the neighbourhood, the agent reports the time left over the table's ratio --
+    the rho_old its bid gives the same GPUs; asked without one (an unaware arbiter), as before."""
+    from agent.agent import Agent
+    from protos.messages import RhoRequest
+
+    held = {g: CLUSTER.position(g) for g in gpus_on(0, 2) + gpus_on(1, 2)}
+    hood = {"r0-m0": (Neighbour("DLRM", 4, 2),), "r0-m1": (Neighbour("DLRM", 4, 2),)}
+    app = SingleJobApp(JobInfo(10_000, 1.0, NO_SLOWDOWN, 8))
+    agent = Agent(app, name="a", contention=ContentionPricing(TABLE, "Transformer-XL"))
+    kw = dict(now=600.0, n_avg=2.0, cluster_size=CLUSTER.size)
+    plain = agent.report(RhoRequest(1, "a", 600.0, 2.0, CLUSTER.size, held)).rho
+    priced = agent.report(RhoRequest(1, "a", 600.0, 2.0, CLUSTER.size, held, neighbourhood=hood)).rho
+    ratio = max(FLOOR, cell("Transformer-XL,4,2", "DLRM,4,2"))
+    assert ratio < 1.0
+    left = agent.time_left(list(held.values()))
+    assert plain == pytest.approx(finish_time_fairness(app, list(held.values()), **kw, left=left))
+    assert priced == pytest.approx(finish_time_fairness(app, list(held.values()), **kw, left=left / ratio))
+    offer = Offer(1, {g: CLUSTER.position(g) for g in gpus_on(2, 2)}, 600.0, 2.0, CLUSTER.size, held=held,
+                  neighbourhood=hood)
+    assert agent.bid(offer).rho_old == pytest.approx(priced)
+    assert Agent(app, name="a").report(RhoRequest(1, "a", 600.0, 2.0, CLUSTER.size, held, neighbourhood=hood)).rho \
+        == pytest.approx(plain)
 
 
 def test_the_measured_rank_divides_the_time_left_on_held_gpus_by_the_ratio_now():

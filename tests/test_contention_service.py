@@ -49,15 +49,20 @@ def run(coro):
 
 
 class Recording(Agent):
-    """The real agent, keeping every offer it bid on."""
+    """The real agent, keeping every offer it bid on and every rho request it answered."""
 
     def __init__(self, app):
         super().__init__(app)
         self.offers = []
+        self.requests = []
 
     def bid(self, offer):
         self.offers.append(offer)
         return super().bid(offer)
+
+    def report(self, request):
+        self.requests.append(request)
+        return super().report(request)
 
 
 def one_job(gpus: int, iterations: float = 1e7) -> SuccessiveHalvingApp:
@@ -118,6 +123,45 @@ def test_an_offer_carries_the_neighbourhood_of_another_apps_multi_machine_job(tm
             # b is told the same on its stream once it runs there; a hears of nobody (b runs no job yet)
             assert a[0].contention == ("deepshare", class_of("vgg16")) and a[0].neighbourhood == {}
             await stop(a, b)
+
+    run(scenario())
+
+
+CLUSTER_2x4 = """
+name = "net-8"
+[[racks]]
+name = "r0"
+machines = [{ gpus = 4, slots = 1, count = 2 }]
+"""
+
+
+def test_a_rho_request_carries_the_neighbourhood_of_the_held_gpus(tmp_path):
+    """D43 over gRPC: a's job takes six GPUs over both machines; c, then b, take one each of the two
+    left; b still wants more. c's release opens a round that asks b for its rho: the request names
+    a's job (class, GPUs, machines; no name) on the machine b holds, as a bid's offer would."""
+    async def scenario():
+        path = tmp_path / "net-8.toml"
+        path.write_text(CLUSTER_2x4)
+        async with arbiter(tmp_path, cluster=str(path), contention="deepshare", policy="themis-aware",
+                           lease_s=600.0, reclaim=False) as server:
+            engine = server.service.engine
+            a = await bound_agent(server, "a", "vgg16", one_job(6))
+            view = server.service.contention
+            await wait_for(lambda: len(engine.held("a")) == 6 and "a" in dict(view.jobs()))
+            assert len(set(machines_of(server, engine.held("a")))) == 2
+            c = await bound_agent(server, "c", "resnet50", one_job(1), emulate=False)
+            await wait_for(lambda: len(engine.held("c")) == 1)
+            b = await bound_agent(server, "b", "resnet50", one_job(8), emulate=False)
+            await wait_for(lambda: len(engine.held("b")) == 1)
+            asked = b[0].agent.requests
+            before = len(asked)
+            c[0].release(sorted(engine.held("c")))
+            await wait_for(lambda: len(asked) > before)
+            request = asked[before]
+            assert set(request.held) == set(engine.held("b"))
+            (machine,) = machines_of(server, engine.held("b"))
+            assert request.neighbourhood == {machine: (Neighbour(class_of("vgg16"), 6, 2),)}
+            await stop(a, b, c)
 
     run(scenario())
 

@@ -36,6 +36,19 @@ def test_the_package_is_versioned():
     assert "Arbiter" in themis_pb2.DESCRIPTOR.services_by_name
 
 
+def test_a_rho_request_carries_its_neighbourhood():
+    """D43: the held GPUs' neighbourhood survives the wire by machine, as an offer's does; a request
+    from an arbiter that models no contention has none."""
+    from protos import wire
+    from protos.messages import Neighbour, RhoRequest
+
+    sent = RhoRequest(4, "a", 10.0, 2.0, 8, {"g0": ("r0", "m0", "s0"), "g1": ("r0", "m1", "s0")},
+                      frozenset({"work"}), "c0ffee", {"m0": (Neighbour("MoE", 8, 4),), "m1": (Neighbour("FSDP", 4, 2),)})
+    assert wire.rho_request(wire.rho_request_pb(sent, deadline=20.0), "a") == sent
+    plain = RhoRequest(4, "a", 10.0, 2.0, 8, {"g0": ("r0", "m0", "s0")})
+    assert wire.rho_request(wire.rho_request_pb(plain, deadline=20.0), "a").neighbourhood == {}
+
+
 def test_an_offer_carries_its_neighbourhood_and_refuses_a_job_that_cannot_be():
     """The offer's neighbours (D35) survive the wire by machine; a neighbour with no class or no
     GPUs is refused with which entry and why."""

@@ -15,6 +15,7 @@ from agent.fairness import job_time, split_allocation
 from agent.placement import load_profiles
 from arbiter.cluster import load_cluster
 from arbiter.policies import make_policy
+from arbiter.policies.base import Policy
 from arbiter.policies.themis import filter_worst
 from arbiter.rounds import InvalidReport, RoundEngine
 from protos.messages import BidTable, RhoReport
@@ -450,7 +451,7 @@ def test_a_round_that_fails_takes_nothing_away_and_grants_nothing():
     """A policy error mid-round (or a failed journal write before close) must not drop the expired
     leases unannounced nor keep half-made grants: the round is undone and a new one is due."""
 
-    class Exploding:
+    class Exploding(Policy):
         name = "exploding"
         report_extras = frozenset()
 
