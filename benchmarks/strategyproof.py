@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,9 @@ from agent.fairness import finish_time_fairness  # noqa: E402
 from agent.placement import load_profiles  # noqa: E402
 from arbiter.cluster import load_cluster  # noqa: E402
 from arbiter.policies import make_policy  # noqa: E402
-from arbiter.rank import RANKS, check_rank  # noqa: E402
-from arbiter.rounds import RoundEngine  # noqa: E402
+from arbiter.rank import RANKS, check_claim, check_rank, work_left_floor  # noqa: E402
+from arbiter.rounds import WORK, RoundEngine  # noqa: E402
+from protos.messages import RhoRequest  # noqa: E402
 from simulator.strategic import StrategicAgent, make_strategy  # noqa: E402
 
 CLUSTER = "sim-256"
@@ -174,8 +175,10 @@ def lottery_outcomes(c: dict[str, float], kind: str = "rotated") -> list[tuple[f
 
 
 def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, float] | None = None,
-              rank: str = "reported", min_bidders: int = 1):
-    """One round of the case; returns (engine, result, true apps)."""
+              rank: str = "reported", min_bidders: int = 1, history: str = "none"):
+    """One round of the case; returns (engine, result, true apps). ``history="arrival"`` gives a
+    measured rank what a live arbiter would have kept from each app's claim at its arrival (D31's
+    floor on B), the only history the case's made-up past is consistent with."""
     cluster = load_cluster(CLUSTER)
     # reclaim=False: the "busy" app stands for the rest of the cluster, not an app above its share
     # whose leases D27 would end; which GPUs are free is the case's design
@@ -195,12 +198,23 @@ def run_round(case: Case, seed: int, liar: str | None = None, lie: tuple[str, fl
             engine.leases.grant(p.name, p.held, now=0.0, expires_at=NOW * 10, round_id=0)
     agents: dict[str, Agent] = {}
     for name, app in apps.items():
-        if name == liar and lie is not None:
-            agents[name] = StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name)
-        else:
-            agents[name] = Agent(app, name=name)
+        agents[name] = _agent(app, name, seed, liar, lie)
+    if history == "arrival" and rank == "measured":
+        for p in case.apps:
+            fresh = replace(p, done=0.0).build()
+            held = {g: cluster.position(g) for g in p.held}
+            asked = RhoRequest(0, p.name, 0.0, float(len(case.apps) + 1), cluster.size, held, WORK)
+            claim = _agent(fresh, p.name, seed, liar, lie).report(asked).work
+            checked = check_claim(claim, len(held), cluster.locality(held) if held else 0)
+            engine.work_floor[p.name] = work_left_floor(checked)
     result = engine.run_round(NOW, {**agents, "busy": _Idle()})
     return engine, result, apps
+
+
+def _agent(app: AppScheduler, name: str, seed: int, liar: str | None, lie: tuple[str, float] | None) -> Agent:
+    if name == liar and lie is not None:
+        return StrategicAgent(app, make_strategy(lie[0], lie[1], seed=f"{seed}:{name}"), name)
+    return Agent(app, name=name)
 
 
 class _Idle:
@@ -212,14 +226,15 @@ class _Idle:
 
 
 def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
-            rank: str = "reported", kind: str = "rotated", min_bidders: int = 1) -> tuple[float, tuple]:
+            rank: str = "reported", kind: str = "rotated", min_bidders: int = 1,
+            history: str = "none") -> tuple[float, tuple]:
     """E[1/rho] of what the liar holds after the round, exact over the auction's lottery (D15, D38), and where
     the round's rank put the liar (its place among the offered apps, and whether it bid in the
     auction): a lie can pay through the rank (step 1), which the auction does not see."""
     total = 0.0
     place: tuple = ()
     for seed in range(draws):
-        engine, result, apps = run_round(case, seed, liar, lie, rank, min_bidders)
+        engine, result, apps = run_round(case, seed, liar, lie, rank, min_bidders, history)
         if seed == 0:
             auction_ = result.decision.auction if result.decision else None
             place = (result.bidders.index(liar) if liar in result.bidders else None,
@@ -232,7 +247,7 @@ def utility(case: Case, liar: str, draws: int, lie: tuple[str, float] | None,
             continue
         for kept, weight in outcomes:
             with forced_outcome(kept):
-                engine, _, apps = run_round(case, seed, liar, lie, rank, min_bidders)
+                engine, _, apps = run_round(case, seed, liar, lie, rank, min_bidders, history)
             total += weight * _value(engine, apps[liar], liar)
     return total / draws, place
 
@@ -244,18 +259,18 @@ def _value(engine: RoundEngine, app: AppScheduler, name: str) -> float:
     return 0.0 if math.isinf(rho) else 1.0 / rho
 
 
-def study_case(args: tuple[int, int, int, tuple[str, ...], str, int]) -> list[dict[str, Any]]:
-    seed, draws, liars, ranks, kind, min_bidders = args
+def study_case(args: tuple[int, int, int, tuple[str, ...], str, int, str]) -> list[dict[str, Any]]:
+    seed, draws, liars, ranks, kind, min_bidders, history = args
     case = make_case(seed)
     rng = random.Random(f"liars:{seed}")
     chosen = rng.sample([p.name for p in case.apps], min(liars, len(case.apps)))
     rows = []
     for liar in chosen:
-        truth, place = utility(case, liar, draws, None, kind=kind, min_bidders=min_bidders)
         holds = any(p.held for p in case.apps if p.name == liar)
         for rank in ranks:
+            truth, place = utility(case, liar, draws, None, rank, kind, min_bidders, history)
             for lie in LIES:
-                lied, lie_place = utility(case, liar, draws, lie, rank, kind, min_bidders)
+                lied, lie_place = utility(case, liar, draws, lie, rank, kind, min_bidders, history)
                 gain = (lied - truth) / truth if truth > 0 else (math.inf if lied > 0 else 0.0)
                 rows.append({"case": seed, "liar": liar, "holds": holds, "lie": f"{lie[0]} {lie[1]:g}".strip(),
                              "rank": rank, "truth": truth, "lied": lied, "gain": gain,
@@ -294,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                              "either exact over its outcomes")
     parser.add_argument("--min-bidders", type=int, default=1,
                         help="the policy's least number of bidders (D41's option: 2; default %(default)s, D6)")
+    parser.add_argument("--history", choices=("none", "arrival"), default="none",
+                        help="what a measured rank knows of the apps' past: nothing (one round alone), or "
+                             "each app's work claim at its arrival (D31's floor on B), as a live arbiter would")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.quick:
@@ -303,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         check_rank(rank)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    jobs = [(seed, args.draws, args.liars, ranks, args.lottery, args.min_bidders) for seed in range(args.cases)]
+    jobs = [(seed, args.draws, args.liars, ranks, args.lottery, args.min_bidders, args.history)
+            for seed in range(args.cases)]
     with Progress(TextColumn("cases"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("cases", total=len(jobs))
@@ -336,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         Console(width=160).print(table)
     result = {"machine": machine_info(), "cases": args.cases, "draws": args.draws, "liars_per_case": args.liars,
               "lottery": args.lottery, **({"min_bidders": args.min_bidders} if args.min_bidders != 1 else {}),
+              **({"history": args.history} if args.history != "none" else {}),
               "wall_seconds": time.perf_counter() - started, "ranks": list(ranks),
               "summary": summaries.get("reported", {}), "summary_by_rank": summaries,
               "paying": [r for r in rows if r["lied"] > r["truth"] + 1e-9]}
