@@ -45,12 +45,13 @@ class Agent:
     def report(self, request: RhoRequest) -> RhoReport:
         """Rho with what the app held as the round opened (D2-D4, D13), its demand, its waiting rho
         when it held nothing (D13), and whatever else the policy asks for (``request.extras``: what
-        the baselines allocate by). With a contention price and a request that lists its held GPUs'
-        neighbourhood, its rho prices the contention it runs under as its bid rows do (D43)."""
+        the baselines allocate by). With a contention price, its rho prices the contention it runs
+        under -- next to the held GPUs' neighbourhood the request lists, and its own spread jobs next
+        to each other -- as its bid's rho_old does (D43)."""
         held = list(request.held.values())
         left = self.time_left(held)
-        if self.contention is not None and request.neighbourhood and held and left and math.isfinite(left):
-            left /= self.contention.factor(current_jobs(self.app, held), held, request.neighbourhood)
+        if self.contention is not None and held:
+            left = self.contention.time_left(left, current_jobs(self.app, held), held, request.neighbourhood)
         rho = finish_time_fairness(
             self.app, held, now=request.now, n_avg=request.n_avg, cluster_size=request.cluster_size, left=left,
         )

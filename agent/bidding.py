@@ -326,8 +326,8 @@ def make_bid(
     def rho(extra: list[Position], gpus: frozenset[str]) -> float:
         """rho of holding the held GPUs plus ``extra`` (``gpus`` by id)."""
         left = left_on_top(extra) if left_on_top is not None else left_of(held_positions + extra)
-        if pricing is not None and left and math.isfinite(left):
-            left /= pricing.factor(jobs, held_positions + extra, offer.neighbourhood)
+        if pricing is not None:
+            left = pricing.time_left(left, jobs, held_positions + extra, offer.neighbourhood)
         if restart_s and running and gpus != running:
             left += restart_s
         return finish_time_fairness(  # with ``left`` given, the positions are not read

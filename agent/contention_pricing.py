@@ -17,6 +17,7 @@ values, which the auction prices (D15, D36). An app without a model prices no co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,15 @@ class ContentionPricing:
                 if j != i and machines & where:
                     worst = min(worst, max(self.floor, self.table.pair(kind, other)))
         return worst
+
+    def time_left(self, left: float, jobs: Sequence[JobInfo], positions: Sequence[Position],
+                  neighbourhood: Mapping[str, Sequence[Neighbour]]) -> float:
+        """``left``, the time left running alone, at the contention ``jobs`` would suffer on
+        ``positions``: divided by :meth:`factor` (0 and infinity stay as they are). A bid's rows,
+        rho_old included, and the report (D43) price by this one rule."""
+        if not left or not math.isfinite(left):
+            return left
+        return left / self.factor(jobs, positions, neighbourhood)
 
 
 def current_jobs(app: AppScheduler, positions: Sequence[Position]) -> list[JobInfo]:

@@ -293,6 +293,24 @@ def test_the_reported_rho_prices_the_held_gpus_neighbourhood_as_the_bids_rho_old
         == pytest.approx(plain)
 
 
+def test_with_no_other_app_around_the_report_still_prices_its_own_spread_jobs_as_rho_old_does():
+    """D43 with D35's own neighbours: two 4-GPU jobs of one app split 3 + 1 and 2 + 2 over three
+    machines share the middle one; no other app runs there, so the request lists nothing, and the
+    report is still the bid's rho_old, below the rho of running alone."""
+    from agent.agent import Agent
+    from agent.appsched import SuccessiveHalvingApp
+    from protos.messages import RhoRequest
+
+    held = {g: CLUSTER.position(g) for g in gpus_on(0, 3) + gpus_on(1, 3) + gpus_on(2, 2)}
+    app = SuccessiveHalvingApp([1.0, 1.1], [10_000.0], job_demand_max=4, slowdown=NO_SLOWDOWN)
+    agent = Agent(app, name="a", contention=ContentionPricing(TABLE, "MoE"))
+    alone = Agent(app, name="a").report(RhoRequest(1, "a", 600.0, 2.0, CLUSTER.size, held)).rho
+    priced = agent.report(RhoRequest(1, "a", 600.0, 2.0, CLUSTER.size, held)).rho
+    assert priced > alone
+    offer = Offer(1, {g: CLUSTER.position(g) for g in gpus_on(3, 2)}, 600.0, 2.0, CLUSTER.size, held=held)
+    assert agent.bid(offer).rho_old == pytest.approx(priced)
+
+
 def test_the_measured_rank_divides_the_time_left_on_held_gpus_by_the_ratio_now():
     """D21 with D36: the arbiter's own rho of a holder, from its claimed work at its slowdowns, with
     the time left on what it holds divided by the contention ratio its jobs run at by the table."""
